@@ -1,0 +1,54 @@
+"""``python -m server_ext``: serve vLLM with the extension, or make the test model."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m server_ext")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve", help="start vLLM's OpenAI server with the extension; unknown args go to vLLM"
+    )
+    serve.add_argument("model")
+    serve.add_argument("--max-held-fraction", type=float, help="cap on retained blocks (of pool)")
+    serve.add_argument("--max-tenant-fraction", type=float, help="per-tenant cap (of the cap)")
+    serve.add_argument("--ttl-cap", type=float, dest="ttl_cap_s", help="longest retention (s)")
+    serve.add_argument("--default-ttl", type=float, dest="default_ttl_s")
+    serve.add_argument("--tenant-header", help="tenant header set by a trusted gateway")
+    serve.add_argument("--salt-per-tenant", action="store_true", default=None)
+    serve.add_argument("--print-command", action="store_true", help="print the argv and exit")
+    make = commands.add_parser("make-test-model", help="write the tiny test checkpoint")
+    make.add_argument("directory")
+    args, rest = parser.parse_known_args(argv)
+
+    if args.command == "make-test-model":
+        from ._testmodel import make_test_model
+
+        print(make_test_model(args.directory))
+        return 0
+    if rest and not all(a.startswith("-") or i > 0 for i, a in enumerate(rest)):
+        parser.error(f"unexpected arguments before vLLM flags: {rest}")
+
+    from ._launcher import vllm_command
+
+    knobs = ("max_held_fraction", "max_tenant_fraction", "ttl_cap_s", "default_ttl_s")
+    extra: dict[str, object] = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
+    if args.tenant_header:
+        extra["tenant_header"] = args.tenant_header
+    if args.salt_per_tenant:
+        extra["salt_per_tenant"] = True
+    command = vllm_command(args.model, rest, extra_config=extra)
+    if args.print_command:
+        print(" ".join(command))
+        return 0
+    os.execv(command[0], command)
+    return 1  # pragma: no cover - execv does not return
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The extension's settings: one source, ``kv_connector_extra_config``.
+
+The engine-side connector and the API-server middleware both read this mapping
+(the middleware through ``app.state.vllm_config``), so an operator configures the
+extension in one place and the two processes can never disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .policy import PolicyConfig
+
+__all__ = ["ExtensionConfig", "ExtensionConfigError"]
+
+
+class ExtensionConfigError(ValueError):
+    """An invalid ``kv_connector_extra_config`` entry; the message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtensionConfig:
+    """Operator knobs of the extension.
+
+    Args:
+        max_held_fraction: Cap on blocks held for idle sessions, fraction of the pool.
+        max_tenant_fraction: Cap per tenant, fraction of the global cap.
+        ttl_cap_s: No retention outlives this, whatever a client asks.
+        default_ttl_s: Longest retention when a client gives neither gap nor ttl.
+        tenant_header: Header set by a trusted gateway that names the tenant; when
+            unset, the tenant is derived from the API key.
+        salt_per_tenant: Set ``cache_salt`` to the tenant so that tenants never share
+            prefix-cache entries (closes the cross-tenant timing side channel).
+    """
+
+    max_held_fraction: float = 0.5
+    max_tenant_fraction: float = 0.5
+    ttl_cap_s: float = 600.0
+    default_ttl_s: float = 60.0
+    tenant_header: str | None = None
+    salt_per_tenant: bool = False
+
+    @classmethod
+    def from_mapping(cls, extra: Mapping[str, object] | None) -> ExtensionConfig:
+        """Read the known keys of ``extra`` (others belong to other connectors)."""
+        values: dict[str, object] = {}
+        for f in dataclasses.fields(cls):
+            if extra is None or f.name not in extra:
+                continue
+            value = extra[f.name]
+            default = f.default
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, float):
+                ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+            else:
+                ok = value is None or (isinstance(value, str) and value != "")
+            if not ok:
+                raise ExtensionConfigError(
+                    f"kv_connector_extra_config[{f.name!r}]={value!r}: expected "
+                    f"{type(default).__name__ if default is not None else 'a header name'}"
+                )
+            values[f.name] = float(value) if isinstance(default, float) else value  # type: ignore[arg-type]
+        try:
+            return cls(**values)  # type: ignore[arg-type]
+        except ValueError as e:  # pragma: no cover - dataclass has no checks of its own
+            raise ExtensionConfigError(str(e)) from e
+
+    def policy_config(self, total_blocks: int) -> PolicyConfig:
+        """The retention policy's budgets for a pool of ``total_blocks``."""
+        try:
+            return PolicyConfig(
+                total_blocks=total_blocks,
+                max_held_fraction=self.max_held_fraction,
+                max_tenant_fraction=self.max_tenant_fraction,
+                ttl_cap_s=self.ttl_cap_s,
+                default_ttl_s=self.default_ttl_s,
+            )
+        except ValueError as e:
+            raise ExtensionConfigError(f"kv_connector_extra_config: {e}") from e

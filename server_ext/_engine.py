@@ -1,0 +1,223 @@
+"""Engine-side glue between vLLM's request lifecycle and the retention policy.
+
+No vLLM import: ``_vllm.AgentHintsConnector`` forwards the scheduler's events here
+and supplies a ``BlockPort`` over the real block pool, so this module runs
+unchanged against a fake pool in unit tests.
+
+Wire format: the API-server middleware puts, inside ``kv_transfer_params``,
+``{HINTS_KEY: {"tenant", "hints"}}`` on inference requests and
+``{CONTROL_KEY: {"tenant", "sid", "events"}}`` on control messages. It strips
+both keys from client bodies first, so only the middleware can set them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+from .policy import (
+    ROOT,
+    Action,
+    BranchHints,
+    BranchKey,
+    ControlEvent,
+    EndEvent,
+    ForkEvent,
+    Hold,
+    Outcome,
+    PolicyStats,
+    RetentionPolicy,
+    ToolEndEvent,
+    ToolStartEvent,
+)
+
+__all__ = [
+    "CONTROL_KEY",
+    "HINTS_KEY",
+    "RESERVED_KEYS",
+    "BlockPort",
+    "EngineRetention",
+    "control_params",
+    "hint_params",
+]
+
+logger = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _contained(fallback: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Hints are advisory: a fault in retention must never take the engine down.
+
+    The wrapped engine hook logs the fault, counts it and returns ``fallback``, so
+    the engine goes on serving as plain vLLM would.
+    """
+
+    def wrap(method: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(method)
+        def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return method(*args, **kwargs)
+            except Exception:
+                logger.exception("agent-hints: %s failed; serving without it", method.__name__)
+                self = args[0]
+                assert isinstance(self, EngineRetention)
+                self.faults += 1
+                return fallback  # type: ignore[no-any-return]
+
+        return guarded
+
+    return wrap
+
+
+HINTS_KEY = "agent_hints"
+CONTROL_KEY = "agent_hints_control"
+RESERVED_KEYS = (HINTS_KEY, CONTROL_KEY)
+
+
+def hint_params(tenant: str, hints: Mapping[str, object]) -> dict[str, object]:
+    """The ``kv_transfer_params`` entry carrying a request's normalized hints."""
+    return {HINTS_KEY: {"tenant": tenant, "hints": dict(hints)}}
+
+
+def control_params(
+    tenant: str, sid: str, events: Sequence[Mapping[str, object]]
+) -> dict[str, object]:
+    """The ``kv_transfer_params`` of a control message (no inference)."""
+    return {CONTROL_KEY: {"tenant": tenant, "sid": sid, "events": [dict(e) for e in events]}}
+
+
+class BlockPort(Protocol):
+    """The two block-pool operations retention needs.
+
+    ``hold`` takes one reference on each block (a held block is never evicted);
+    ``release`` drops it again, tail first, so the prefix stays cached longest.
+    """
+
+    def hold(self, block_ids: Sequence[int]) -> None: ...
+
+    def release(self, block_ids: Sequence[int]) -> None: ...
+
+
+def _control_event(raw: Mapping[str, Any]) -> ControlEvent | None:
+    kind = raw.get("type")
+    if kind == "tool_start":
+        return ToolStartEvent(tool=raw["tool"], br=raw.get("br"), eta=raw.get("eta"))
+    if kind == "tool_end":
+        return ToolEndEvent(br=raw.get("br"))
+    if kind == "fork":
+        return ForkEvent(children=tuple(raw["children"]), parent=raw.get("parent"))
+    if kind == "end":
+        return EndEvent(br=raw.get("br"))
+    return None
+
+
+class EngineRetention:
+    """Applies a ``RetentionPolicy`` to a block pool, one engine event at a time.
+
+    Invariant: every block id this object ever passed to ``pool.hold`` is passed
+    to ``pool.release`` exactly once, after the policy's matching ``Release``
+    (the policy guarantees the pairing); within one batch of actions all holds
+    are applied before any release, so a block shared by a replaced retention and
+    its replacement never drops to refcount 0 in between.
+    """
+
+    def __init__(self, policy: RetentionPolicy, pool: BlockPort) -> None:
+        self.policy = policy
+        self._pool = pool
+        # Requests seen by ``request_started`` whose branch may be retained.
+        self._keys: dict[str, tuple[BranchKey, BranchHints]] = {}
+        self.faults = 0
+
+    @property
+    def stats(self) -> PolicyStats:
+        return self.policy.stats
+
+    @_contained(False)
+    def request_added(self, request_id: str, params: Mapping[str, Any] | None) -> bool:
+        """Register a hinted request; False when it carries no usable hint."""
+        entry = params.get(HINTS_KEY) if params else None
+        if not isinstance(entry, Mapping):
+            return False
+        hints = entry.get("hints")
+        tenant = entry.get("tenant")
+        if not isinstance(hints, Mapping) or not isinstance(tenant, str):
+            return False
+        sid = hints.get("sid")
+        if not isinstance(sid, str):
+            return False
+        key = BranchKey(tenant, sid, hints.get("br") or ROOT)
+        self._keys[request_id] = (
+            key,
+            BranchHints(
+                gap=hints.get("gap"),
+                ttl=hints.get("ttl"),
+                end=bool(hints.get("end")),
+                prio=int(hints.get("prio", 3)),
+                pbr=hints.get("pbr"),
+            ),
+        )
+        return True
+
+    @_contained(None)
+    def request_scheduled(self, request_id: str) -> None:
+        """The request now holds its own block references: its branch returned."""
+        entry = self._keys.get(request_id)
+        if entry is not None:
+            self._apply(self.policy.on_request_started(entry[0]))
+
+    @_contained(None)
+    def request_finished(self, request_id: str, block_ids: Sequence[int]) -> None:
+        """Before vLLM frees the request's blocks: retain them per the hints."""
+        entry = self._keys.pop(request_id, None)
+        if entry is None:
+            return
+        key, hints = entry
+        # The engine cannot see tool calls (parsing is API-side); a request that
+        # names a session announces that the session continues, so it counts as
+        # one that expects a return unless it says ``end``.
+        decision = self.policy.on_request_finished(key, block_ids, hints, tool_calls=True)
+        self._apply(decision.actions)
+
+    @_contained([])
+    def control(self, params: Mapping[str, Any]) -> list[Outcome]:
+        """Apply a control message built by ``control_params``."""
+        tenant, sid, events = params["tenant"], params["sid"], params["events"]
+        outcomes: list[Outcome] = []
+        for raw in events:
+            event = _control_event(raw)
+            if event is None:
+                outcomes.append(Outcome.REJECTED)
+                continue
+            decision = self.policy.on_control(tenant, sid, event)
+            self._apply(decision.actions)
+            outcomes.append(decision.outcome)
+        return outcomes
+
+    @_contained(None)
+    def tick(self) -> None:
+        """Release expired retentions (called every engine step)."""
+        self._apply(self.policy.expire())
+
+    @_contained(False)
+    def make_room(self, blocks_needed: int) -> bool:
+        """Release retentions for an allocation; False when nothing was left."""
+        actions = self.policy.make_room(max(blocks_needed, 1))
+        self._apply(actions)
+        return bool(actions)
+
+    @_contained(None)
+    def release_all(self) -> None:
+        """Drop every retention (before ``reset_prefix_cache``)."""
+        self._apply(self.policy.release_all())
+
+    def _apply(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Hold):
+                self._pool.hold(action.block_ids)
+        for action in actions:
+            if not isinstance(action, Hold):
+                self._pool.release(action.block_ids)

@@ -1,0 +1,262 @@
+"""API-server side: hints from HTTP into the engine, and the control endpoint.
+
+A pure ASGI middleware (``--middleware server_ext.AgentHintsMiddleware``):
+
+- on inference routes it parses ``Agent-Hints`` (header), ``agent_hints`` (body)
+  and interop fields with the ``hints_spec`` codec, and rewrites the JSON body so
+  that vLLM's ``session_id`` is set and the normalized hints ride to the engine
+  inside ``kv_transfer_params``. A malformed hint is counted and dropped; the
+  request is served exactly as if it had none.
+- on every JSON POST it strips the extension's reserved ``kv_transfer_params``
+  keys, so a client can never forge a tenant or a control message.
+- it answers ``POST /v1/agent-hints/events`` itself and forwards valid events to
+  the engine core with no inference request.
+
+Bodies without any hint-related bytes pass through untouched (no JSON round trip).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import Counter
+
+from hints_spec import (
+    BODY_FIELD,
+    CONTROL_PATH,
+    HEADER_NAME,
+    AgentHints,
+    ControlResponse,
+    EventResult,
+    HintError,
+    Outcome,
+    ToolStart,
+    from_interop,
+    merge_hints,
+    parse_body,
+    parse_control,
+    parse_header,
+)
+
+from ._config import ExtensionConfig
+from ._engine import RESERVED_KEYS, hint_params
+from ._tenant import DEFAULT_TENANT, resolve_tenant
+from ._vllm import connector_config, send_control
+
+__all__ = ["INFERENCE_PATHS", "AgentHintsMiddleware"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+MAX_CONTROL_BYTES = 64 * 1024
+_HEADER = HEADER_NAME.lower()
+_INTEROP_HEADERS = ("x-session-id", "x-dynamo-session-id")
+# Any of these bytes in a body means it may carry hints or reserved keys.
+_MARKERS = (
+    BODY_FIELD.encode(),
+    b"prompt_cache_key",
+    b"prompt_cache_retention",
+    b"session_id",
+    b"cache_control",
+)
+
+PARSE_ERRORS = Counter(
+    "agent_hints_parse_errors",
+    "Malformed hints ignored; the request was served without them",
+    labelnames=["source", "code"],
+)
+HINTED_REQUESTS = Counter("agent_hints_requests", "Inference requests that carried hints")
+CONTROL_EVENTS = Counter(
+    "agent_hints_control_events", "Control events by outcome", labelnames=["type", "outcome"]
+)
+
+
+class AgentHintsMiddleware:
+    """ASGI middleware: see the module docstring."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._config: ExtensionConfig | None = None
+        self._config_read = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        if scope["path"] == CONTROL_PATH:
+            await self._control(scope, headers, receive, send)
+            return
+        body = await _read_body(receive)
+        rewritten = self._rewrite(scope, headers, body)
+        if rewritten is not body:
+            scope = dict(scope)
+            scope["headers"] = [
+                (k, v) for k, v in scope["headers"] if k.lower() != b"content-length"
+            ] + [(b"content-length", str(len(rewritten)).encode())]
+        await self.app(scope, _replay(rewritten, receive), send)
+
+    def _extension(self, scope: Scope) -> ExtensionConfig | None:
+        if not self._config_read:
+            app = scope.get("app")
+            self._config = connector_config(getattr(app, "state", None))
+            self._config_read = True
+        return self._config
+
+    # -- inference requests
+
+    def _rewrite(self, scope: Scope, headers: dict[str, str], body: bytes) -> bytes:
+        """The body to forward: ``body`` itself unless hints or reserved keys changed it."""
+        has_header = _HEADER in headers or any(h in headers for h in _INTEROP_HEADERS)
+        if not has_header and not any(m in body for m in _MARKERS):
+            return body
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return body  # vLLM answers malformed JSON itself
+        if not isinstance(payload, dict):
+            return body
+        raw_hint = payload.pop(BODY_FIELD, None)
+        changed = raw_hint is not None
+        transfer = payload.get("kv_transfer_params")
+        if isinstance(transfer, dict):
+            for key in RESERVED_KEYS:
+                changed |= transfer.pop(key, None) is not None
+        if scope["path"] in INFERENCE_PATHS:
+            hints = _request_hints(headers, payload, raw_hint)
+            config = self._extension(scope)
+            if hints is not None and hints.sid is not None and config is not None:
+                tenant = resolve_tenant(headers, config.tenant_header)
+                payload.setdefault("session_id", hints.sid)
+                if not isinstance(transfer, dict):
+                    transfer = payload["kv_transfer_params"] = {}
+                transfer.update(hint_params(tenant, hints.normalized()))
+                if config.salt_per_tenant and tenant != DEFAULT_TENANT:
+                    payload["cache_salt"] = tenant
+                HINTED_REQUESTS.inc()
+                changed = True
+        return json.dumps(payload).encode() if changed else body
+
+    # -- control endpoint
+
+    async def _control(
+        self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send
+    ) -> None:
+        config = self._extension(scope)
+        if config is None:
+            await _json(send, 404, _error("not_enabled", "the agent-hints connector is not enabled"))
+            return
+        body = await _read_body(receive, limit=MAX_CONTROL_BYTES)
+        if body is None:
+            await _json(send, 413, _error("too_long", f"body over {MAX_CONTROL_BYTES} bytes"))
+            return
+        try:
+            sid, events = parse_control(json.loads(body))
+        except ValueError as e:  # HintError, and JSON errors
+            code = e.code if isinstance(e, HintError) else "syntax"
+            await _json(send, 400, _error(str(code), str(e)))
+            return
+        results: list[EventResult] = []
+        accepted: list[dict[str, Any]] = []
+        for index, event in enumerate(events):
+            if isinstance(event, HintError):
+                result = EventResult(index=index, outcome=Outcome.REJECTED, reason=event.code)
+                kind = "invalid"
+            else:
+                kind = event.type
+                accepted.append(event.model_dump(exclude_none=True))
+                clipped = (
+                    isinstance(event, ToolStart)
+                    and event.eta is not None
+                    and event.eta > config.ttl_cap_s
+                )
+                result = (
+                    EventResult(index=index, outcome=Outcome.CLIPPED, reason="ttl_capped")
+                    if clipped
+                    else EventResult(index=index, outcome=Outcome.ACCEPTED)
+                )
+            CONTROL_EVENTS.labels(kind, result.outcome).inc()
+            results.append(result)
+        if accepted:
+            tenant = resolve_tenant(headers, config.tenant_header)
+            await send_control(scope["app"].state, tenant, sid, accepted)
+        await _json(send, 200, ControlResponse(results=results).model_dump(exclude_none=True))
+
+
+def _request_hints(
+    headers: dict[str, str], payload: dict[str, Any], raw_hint: object
+) -> AgentHints | None:
+    """Header over body over interop, key by key; each malformed source is dropped."""
+    header = body = interop = None
+    if _HEADER in headers:
+        header = _counted("header", parse_header, headers[_HEADER])
+    if raw_hint is not None:
+        body = _counted("body", parse_body, raw_hint)
+    interop = _counted("interop", lambda h: from_interop(h, payload), headers)
+    return merge_hints(merge_hints(header, body), interop)
+
+
+def _counted(source: str, parse: Callable[[Any], AgentHints | None], value: Any) -> AgentHints | None:
+    try:
+        return parse(value)
+    except HintError as e:
+        PARSE_ERRORS.labels(source, e.code).inc()
+        return None
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def _read_body(receive: Receive, limit: int | None = None) -> Any:
+    """The whole request body; None when it exceeds ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields ``body`` once, then defers to the real one."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+async def _json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    data = json.dumps(payload).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
