@@ -10,31 +10,31 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._config import ExtensionConfig, ExtensionConfigError
+from ._launcher import extension_flags, vllm_command
+from ._local import LocalServer, ServerStartError, local_server
 from ._testmodel import make_test_model
 
 if TYPE_CHECKING:
-    from ._launcher import extension_flags, vllm_command
     from ._middleware import AgentHintsMiddleware
 
 __all__ = [
     "AgentHintsMiddleware",
     "ExtensionConfig",
     "ExtensionConfigError",
+    "LocalServer",
+    "ServerStartError",
     "extension_flags",
+    "local_server",
     "make_test_model",
     "vllm_command",
 ]
 
-_LAZY = {
-    "AgentHintsMiddleware": "._middleware",
-    "extension_flags": "._launcher",
-    "vllm_command": "._launcher",
-}
+_LAZY = {"AgentHintsMiddleware": "._middleware"}
 
 
 def __getattr__(name: str) -> Any:
-    # vLLM-importing names load on first use, so the policy and the test model
-    # stay importable (and fast) without vLLM installed.
+    # The middleware imports vLLM; it loads on first use, so clients, tests and
+    # the policy import this package fast and without vLLM installed.
     if name in _LAZY:
         import importlib
 

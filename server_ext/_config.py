@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 from .policy import PolicyConfig
 
-__all__ = ["ExtensionConfig", "ExtensionConfigError"]
+__all__ = ["CONNECTOR_MODULE", "CONNECTOR_NAME", "ExtensionConfig", "ExtensionConfigError"]
+
+CONNECTOR_NAME = "AgentHintsConnector"
+CONNECTOR_MODULE = "server_ext._vllm"
 
 
 class ExtensionConfigError(ValueError):

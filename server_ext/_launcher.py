@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 
-from ._vllm import CONNECTOR_MODULE, CONNECTOR_NAME
+from ._config import CONNECTOR_MODULE, CONNECTOR_NAME
 
 __all__ = ["MIDDLEWARE", "extension_flags", "vllm_command"]
 

@@ -37,7 +37,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
-from ._config import ExtensionConfig
+from ._config import CONNECTOR_NAME, ExtensionConfig
 from ._engine import CONTROL_KEY, EngineRetention, control_params
 from .policy import RetentionPolicy
 
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 __all__ = [
-    "CONNECTOR_NAME",
     "SUPPORTED_VLLM",
     "AgentHintsConnector",
     "connector_config",
@@ -60,8 +59,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SUPPORTED_VLLM = (">=0.32", "<0.34")
-CONNECTOR_NAME = "AgentHintsConnector"
-CONNECTOR_MODULE = __name__
 
 
 def _check_version() -> None:

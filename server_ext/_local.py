@@ -1,0 +1,165 @@
+"""A local vLLM server process for tests, benchmarks and the demo.
+
+One place that knows how to start vLLM on this test bed (loopback only, bounded
+startup, process group killed on exit), so fixtures, the benchmark and the demo
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from ._launcher import vllm_command
+
+__all__ = ["LocalServer", "ServerStartError", "free_port", "local_server"]
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+class ServerStartError(RuntimeError):
+    """The server did not come up in time; the message ends with its log tail."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class LocalServer:
+    """A running server: where it listens and what it serves."""
+
+    host: str
+    port: int
+    model: str
+    log_path: Path
+
+    @property
+    def root_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL (``.../v1``)."""
+        return self.root_url + "/v1"
+
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` samples summed over labels, by series name."""
+        with urllib.request.urlopen(self.root_url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        totals: dict[str, float] = {}
+        for line in text.splitlines():
+            match = _SAMPLE.match(line)
+            if match and not line.startswith("#"):
+                name, value = match.group(1), float(match.group(3))
+                totals[name] = totals.get(name, 0.0) + value
+        return totals
+
+    def post_json(self, path: str, payload: object, headers: Mapping[str, str] | None = None) -> tuple[int, object]:
+        """POST JSON to ``path`` (relative to the root URL); (status, parsed body)."""
+        request = urllib.request.Request(
+            self.root_url + path,
+            data=json.dumps(payload).encode(),
+            headers={"content-type": "application/json", **(headers or {})},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+
+@contextmanager
+def local_server(
+    model_dir: str | Path,
+    *,
+    extension: bool = True,
+    kv_blocks: int = 256,
+    block_size: int = 64,
+    max_model_len: int = 8192,
+    extra_config: Mapping[str, object] | None = None,
+    args: Sequence[str] = (),
+    served_model_name: str = "tiny",
+    startup_timeout: float = 240.0,
+    log_dir: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[LocalServer]:
+    """Start vLLM (CPU build, dummy weights) on 127.0.0.1 and stop it on exit."""
+    port = free_port()
+    vllm_args = [
+        "--served-model-name", served_model_name,
+        "--load-format", "dummy",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--enforce-eager",
+        "--block-size", str(block_size),
+        "--num-gpu-blocks-override", str(kv_blocks),
+        "--max-model-len", str(max_model_len),
+        "--enable-prompt-tokens-details",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser", "hermes",
+        "--gpu-memory-utilization", "0.3",
+        "--disable-uvicorn-access-log",
+        *args,
+    ]  # fmt: skip
+    command = vllm_command(
+        str(model_dir), vllm_args, extension=extension, extra_config=extra_config,
+        python=sys.executable,
+    )  # fmt: skip
+    log_path = Path(log_dir or tempfile.gettempdir()) / f"vllm-{port}.log"
+    log: IO[bytes] = log_path.open("wb")
+    process = subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+    server = LocalServer("127.0.0.1", port, served_model_name, log_path)
+    try:
+        _wait_ready(server, process, startup_timeout)
+        yield server
+    finally:
+        _stop(process)
+        log.close()
+
+
+def _wait_ready(server: LocalServer, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        try:
+            with urllib.request.urlopen(server.base_url + "/models", timeout=2):
+                return
+        except OSError:
+            time.sleep(1.0)
+    tail = server.log_path.read_text(errors="replace")[-3000:]
+    raise ServerStartError(f"vLLM did not start on {server.root_url}:\n{tail}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)

@@ -1,0 +1,45 @@
+"""KV retention policy for agent sessions: pure Python, no vLLM import.
+
+Driven by events and an injected clock, it decides which branches' KV blocks to
+hold across tool gaps and when to let them go; an adapter applies its
+``Hold``/``Release`` actions to vLLM's block pool. The same code runs in the
+engine core, in unit tests with a fake clock, and in simulators. The prefetch
+planner (issue #5) will live in this package too, reading retentions'
+``expected_return`` through ``RetentionPolicy.retentions()``.
+"""
+
+from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
+from ._config import EstimatorConfig, PolicyConfig
+from ._estimator import GapEstimator, Prediction
+from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent, ToolStartEvent
+from ._keys import ROOT, BranchHints, BranchKey
+from ._ledger import BlockLedger
+from ._policy import MAX_CHILDREN, PolicyStats, RetentionPolicy
+from ._retention import Retention
+
+__all__ = [
+    "MAX_CHILDREN",
+    "ROOT",
+    "Action",
+    "BlockLedger",
+    "BranchHints",
+    "BranchKey",
+    "ControlEvent",
+    "Decision",
+    "EndEvent",
+    "EstimatorConfig",
+    "ForkEvent",
+    "GapEstimator",
+    "Hold",
+    "Outcome",
+    "PolicyConfig",
+    "PolicyStats",
+    "Prediction",
+    "Reason",
+    "Release",
+    "ReleaseReason",
+    "Retention",
+    "RetentionPolicy",
+    "ToolEndEvent",
+    "ToolStartEvent",
+]

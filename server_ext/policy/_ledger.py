@@ -1,0 +1,85 @@
+"""Distinct-block accounting behind the retention budgets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class BlockLedger:
+    """Which block ids retentions hold, globally and per tenant.
+
+    Every retention holds its own reference on each of its block ids (the
+    adapter touches them on ``Hold`` and frees them on ``Release``), so a block
+    shared by a parent and its forks carries one reference per retention. The
+    budget is about memory, though, so it counts *distinct* block ids: a shared
+    prefix costs once.
+
+    Invariants:
+      - ``_refs[b]`` is the number of live retentions holding block ``b``; it
+        is > 0 (entries are removed when they reach 0).
+      - ``_tenant_refs[t][b]`` is the same over tenant ``t``'s retentions; a
+        tenant with no held block has no entry.
+      - ``held == len(_refs)`` and ``tenant_held(t) == len(_tenant_refs[t])``.
+    """
+
+    def __init__(self) -> None:
+        self._refs: dict[int, int] = {}
+        self._tenant_refs: dict[str, dict[int, int]] = {}
+
+    @property
+    def held(self) -> int:
+        """Distinct block ids held by any retention."""
+        return len(self._refs)
+
+    def tenant_held(self, tenant: str) -> int:
+        """Distinct block ids held by ``tenant``'s retentions."""
+        return len(self._tenant_refs.get(tenant, ()))
+
+    def add(self, tenant: str, blocks: Iterable[int]) -> None:
+        """Count one more holder of each of ``blocks`` (distinct ids)."""
+        tenant_refs = self._tenant_refs.setdefault(tenant, {})
+        for b in blocks:
+            self._refs[b] = self._refs.get(b, 0) + 1
+            tenant_refs[b] = tenant_refs.get(b, 0) + 1
+
+    def remove(self, tenant: str, blocks: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Count one holder fewer; return the blocks no longer held globally
+        and those no longer held by ``tenant``."""
+        tenant_refs = self._tenant_refs[tenant]
+        freed: list[int] = []
+        tenant_freed: list[int] = []
+        for b in blocks:
+            _decrement(self._refs, b, freed)
+            _decrement(tenant_refs, b, tenant_freed)
+        if not tenant_refs:
+            del self._tenant_refs[tenant]
+        return freed, tenant_freed
+
+    def new_blocks(self, tenant: str, blocks: Iterable[int]) -> tuple[int, int]:
+        """How many of ``blocks`` (distinct ids) would newly count against the
+        global and the tenant budget."""
+        tenant_refs = self._tenant_refs.get(tenant, {})
+        new = new_tenant = 0
+        for b in blocks:
+            new += b not in self._refs
+            new_tenant += b not in tenant_refs
+        return new, new_tenant
+
+    def fitting_prefix(self, tenant: str, blocks: Sequence[int], cap: int, tenant_cap: int) -> int:
+        """Length of the longest prefix of ``blocks`` that fits both caps."""
+        tenant_refs = self._tenant_refs.get(tenant, {})
+        held, tenant_held = self.held, len(tenant_refs)
+        for i, b in enumerate(blocks):
+            held += b not in self._refs
+            tenant_held += b not in tenant_refs
+            if held > cap or tenant_held > tenant_cap:
+                return i
+        return len(blocks)
+
+
+def _decrement(refs: dict[int, int], block: int, freed: list[int]) -> None:
+    if refs[block] == 1:
+        del refs[block]
+        freed.append(block)
+    else:
+        refs[block] -= 1

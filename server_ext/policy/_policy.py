@@ -1,0 +1,434 @@
+"""The retention policy: which branches' KV blocks to hold, and until when."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
+from ._config import PolicyConfig
+from ._estimator import GapEstimator
+from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent
+from ._keys import ROOT, BranchHints, BranchKey
+from ._ledger import BlockLedger
+from ._retention import Retention
+
+MAX_CHILDREN = 256
+"""Live forks one retention tracks; bounds the state a tenant can create."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyStats:
+    """Gauges and counters (since creation) for metrics."""
+
+    held_blocks: int
+    retained_branches: int
+    holds: int
+    clipped: int
+    rejected: int
+    ends: int
+    expiries: int
+    pressure_releases: int
+    budget_releases: int
+    replacements: int
+    returns: int
+    resets: int
+
+
+class RetentionPolicy:
+    """Holds the KV blocks of branches waiting on a tool, soft and budgeted.
+
+    Pure and synchronous: it is driven by events (request started/finished,
+    control events, engine steps, allocation pressure) and an injected clock,
+    and answers with ``Hold``/``Release`` actions that an adapter applies to
+    the block pool. It never touches vLLM, so the same code runs in the engine
+    core, in unit tests with a fake clock and in simulators.
+
+    A branch whose request ends in tool calls (or carries a ``gap``) is
+    retained until ``now + clip(p90 gap * gap_slack, min_retain_s, limit)``;
+    its next request releases it (``returned``) and teaches the estimator the
+    observed gap. Under allocation pressure (``make_room``) and when a budget
+    is full, retentions go expired first, then furthest expected return first
+    (Belady with predicted next use), higher ``prio`` number breaking ties.
+
+    Invariants, true after every public call:
+      - Each live retention's blocks were announced by exactly one ``Hold``,
+        and a later ``Release`` with the same key and block tuple ends it:
+        every ``Hold`` is matched by exactly one ``Release``.
+      - ``held_blocks`` (distinct block ids over live retentions, see
+        ``BlockLedger``) is at most ``config.held_cap`` and each tenant's at
+        most ``config.tenant_cap``.
+      - Every live retention has exactly one valid entry in ``_heap`` (its
+        ``token``) at its ``effective_deadline``; other entries are stale and
+        skipped, and the heap is rebuilt when they outnumber live ones. So
+        ``expire`` is O(1) when nothing is due and O(log n) per change.
+      - All state is keyed by ``BranchKey`` (tenant first): one tenant's events
+        can neither see nor touch another tenant's sessions.
+
+    Args:
+        config: Budgets and time bounds.
+        clock: Monotonic seconds; methods also take an explicit ``now``.
+        estimator: Gap estimator, shared or pre-trained (default: a new one).
+    """
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        clock: Callable[[], float] = time.monotonic,
+        estimator: GapEstimator | None = None,
+    ) -> None:
+        self.config = config
+        self.estimator = estimator or GapEstimator(config.estimator)
+        self._clock = clock
+        self._retentions: dict[BranchKey, Retention] = {}
+        self._sessions: dict[tuple[str, str], set[str]] = {}
+        self._ledger = BlockLedger()
+        self._heap: list[tuple[float, int, BranchKey]] = []
+        self._tokens = itertools.count()
+        # Departure time and tool of branches expected back, kept after their
+        # retention is gone so that late returns still teach the estimator.
+        self._pending: OrderedDict[BranchKey, tuple[float, str | None]] = OrderedDict()
+        self._released: Counter[ReleaseReason] = Counter()
+        self._outcomes: Counter[Outcome] = Counter()
+        self._holds = 0
+
+    # Introspection.
+
+    @property
+    def held_blocks(self) -> int:
+        """Distinct block ids held by all retentions."""
+        return self._ledger.held
+
+    @property
+    def retained_branches(self) -> int:
+        return len(self._retentions)
+
+    def tenant_held_blocks(self, tenant: str) -> int:
+        return self._ledger.tenant_held(tenant)
+
+    def retention(self, key: BranchKey) -> Retention | None:
+        """The live retention of ``key`` (read-only view)."""
+        return self._retentions.get(key)
+
+    def retentions(self) -> Iterator[Retention]:
+        """All live retentions (read-only views)."""
+        return iter(self._retentions.values())
+
+    @property
+    def stats(self) -> PolicyStats:
+        r = self._released
+        return PolicyStats(
+            held_blocks=self.held_blocks,
+            retained_branches=self.retained_branches,
+            holds=self._holds,
+            clipped=self._outcomes[Outcome.CLIPPED],
+            rejected=self._outcomes[Outcome.REJECTED],
+            ends=r[ReleaseReason.END],
+            expiries=r[ReleaseReason.EXPIRED],
+            pressure_releases=r[ReleaseReason.PRESSURE],
+            budget_releases=r[ReleaseReason.BUDGET],
+            replacements=r[ReleaseReason.REPLACED],
+            returns=r[ReleaseReason.RETURNED],
+            resets=r[ReleaseReason.RESET],
+        )
+
+    # Request events.
+
+    def on_request_started(self, key: BranchKey, now: float | None = None) -> list[Action]:
+        """The branch's next request arrived: learn the gap, release the
+        retention (the running request now holds its own references)."""
+        now = self._now(now)
+        departed = self._pending.pop(key, None)
+        if departed is not None:
+            self.estimator.observe(key.tenant, key.sid, departed[1], now - departed[0])
+        r = self._retentions.get(key)
+        return [] if r is None else [self._drop(r, ReleaseReason.RETURNED)[0]]
+
+    def on_request_finished(
+        self,
+        key: BranchKey,
+        block_ids: Sequence[int],
+        hints: BranchHints,
+        tool_calls: bool,
+        now: float | None = None,
+    ) -> Decision:
+        """A request of ``key`` finished holding ``block_ids`` (prefix first).
+
+        ``end`` releases the branch (the session on the root branch). A
+        response with tool calls or a ``gap`` hint is retained, replacing an
+        older retention of the branch; budgets may evict others or clip it.
+        """
+        now = self._now(now)
+        if hints.end:
+            return self._decide(self._end(key, key.br == ROOT, now))
+        actions: list[Action] = []
+        old = self._retentions.get(key)
+        if old is not None:
+            actions.append(self._drop(old, ReleaseReason.REPLACED)[0])
+        if not (tool_calls or hints.gap is not None):
+            return self._decide(actions)
+        self._depart(key, now, hints.tool)
+        horizon = now + self._hold_limit(hints.ttl)
+        blocks = tuple(dict.fromkeys(block_ids))
+        if horizon <= now or not blocks:  # ttl 0 asks for no retention
+            return self._decide(actions)
+        kept = self._admit(key.tenant, blocks, now, actions)
+        if kept == 0:
+            return self._decide(actions, Outcome.REJECTED, Reason.OVER_BUDGET)
+        expected, deadline = self._window(key, now, horizon, hints.gap, hints.ttl, hints.tool)
+        r = Retention(
+            key=key,
+            block_ids=blocks[:kept],
+            retained_at=now,
+            expected_return=expected,
+            deadline=deadline,
+            horizon=horizon,
+            prio=hints.prio,
+            gap=hints.gap,
+            ttl=hints.ttl,
+            parent=hints.pbr,
+            children=old.children if old is not None else set(),
+        )
+        self._insert(r)
+        actions.insert(0, Hold(key, r.block_ids))
+        if hints.pbr is not None and hints.pbr != key.br:
+            parent = self._retentions.get(key.sibling(hints.pbr))
+            if parent is not None:
+                self._add_children(parent, (key.br,))
+        if kept < len(blocks):
+            return self._decide(actions, Outcome.CLIPPED, Reason.BUDGET_CLIPPED)
+        if (hints.ttl is not None and hints.ttl > self.config.ttl_cap_s) or _beyond(
+            now, horizon, hints.gap
+        ):
+            return self._decide(actions, Outcome.CLIPPED, Reason.TTL_CAPPED)
+        return self._decide(actions)
+
+    # Control events.
+
+    def on_control(
+        self, tenant: str, sid: str, event: ControlEvent, now: float | None = None
+    ) -> Decision:
+        """Apply one control event of ``tenant``'s session ``sid``."""
+        now = self._now(now)
+        if isinstance(event, EndEvent):
+            key = BranchKey(tenant, sid, event.br or ROOT)
+            return self._decide(self._end(key, key.br == ROOT, now))
+        if isinstance(event, ForkEvent):
+            r = self._retentions.get(BranchKey(tenant, sid, event.parent or ROOT))
+            if r is None:
+                return self._decide([], Outcome.REJECTED, Reason.UNKNOWN_BRANCH)
+            if not self._add_children(r, event.children):
+                return self._decide([], Outcome.CLIPPED, Reason.TOO_MANY_CHILDREN)
+            return self._decide([])
+        key = BranchKey(tenant, sid, event.br or ROOT)
+        r = self._retentions.get(key)
+        if r is None:
+            return self._decide([], Outcome.REJECTED, Reason.UNKNOWN_BRANCH)
+        if isinstance(event, ToolEndEvent):
+            # Coming back now: keep it at least min_retain_s for the request.
+            r.expected_return = now
+            r.deadline = max(r.deadline, min(now + self.config.min_retain_s, r.horizon))
+            self._schedule(r)
+            return self._decide([])
+        departed = self._pending.get(key)
+        if departed is not None:
+            self._pending[key] = (departed[0], event.tool)
+        if event.eta is not None:
+            r.gap = event.eta
+        r.expected_return, r.deadline = self._window(key, now, r.horizon, r.gap, r.ttl, event.tool)
+        self._schedule(r)
+        if _beyond(now, r.horizon, event.eta):
+            return self._decide([], Outcome.CLIPPED, Reason.TTL_CAPPED)
+        return self._decide([])
+
+    # Engine-driven events.
+
+    def expire(self, now: float | None = None) -> list[Action]:
+        """Release retentions past their deadline; O(1) when none is due."""
+        now = self._now(now)
+        actions: list[Action] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, token, key = heapq.heappop(heap)
+            r = self._retentions.get(key)
+            if r is not None and r.token == token:
+                actions.append(self._drop(r, ReleaseReason.EXPIRED)[0])
+        return actions
+
+    def make_room(self, blocks_needed: int, now: float | None = None) -> list[Action]:
+        """Release retentions until they free ``blocks_needed`` distinct blocks
+        or none is left, in victim order. Freed blocks may still be used by
+        running requests, so the adapter calls again if the pool is still short.
+        """
+        now = self._now(now)
+        actions: list[Action] = []
+        if blocks_needed <= 0:
+            return actions
+        freed_total = 0
+        for victim in self._victims(now):
+            reason = _evict_reason(victim, now, ReleaseReason.PRESSURE)
+            release, freed, _ = self._drop(victim, reason)
+            actions.append(release)
+            freed_total += len(freed)
+            if freed_total >= blocks_needed:
+                break
+        return actions
+
+    def release_all(self, reason: ReleaseReason = ReleaseReason.RESET) -> list[Action]:
+        """Release every retention (e.g. on reset_prefix_cache)."""
+        actions: list[Action] = [self._drop(r, reason)[0] for r in list(self._retentions.values())]
+        self._heap.clear()
+        return actions
+
+    # Internals.
+
+    def _now(self, now: float | None) -> float:
+        return self._clock() if now is None else now
+
+    def _decide(
+        self,
+        actions: list[Action],
+        outcome: Outcome = Outcome.ACCEPTED,
+        reason: Reason | None = None,
+    ) -> Decision:
+        self._outcomes[outcome] += 1
+        return Decision(actions, outcome, reason)
+
+    def _hold_limit(self, ttl: int | None) -> float:
+        cap = self.config.ttl_cap_s
+        return cap if ttl is None else min(float(ttl), cap)
+
+    def _window(
+        self,
+        key: BranchKey,
+        now: float,
+        horizon: float,
+        gap: float | None,
+        ttl: int | None,
+        tool: str | None,
+    ) -> tuple[float, float]:
+        """(expected return, deadline) of a branch leaving for a tool at ``now``."""
+        c = self.config
+        pred = self.estimator.predict(key.tenant, key.sid, tool, gap)
+        hold = max(pred.deadline_s * c.gap_slack, c.min_retain_s)
+        if gap is None and ttl is None:
+            hold = min(hold, c.default_ttl_s)
+        return now + pred.expected_s, min(now + hold, horizon)
+
+    def _depart(self, key: BranchKey, now: float, tool: str | None) -> None:
+        self._pending[key] = (now, tool)
+        self._pending.move_to_end(key)
+        if len(self._pending) > self.config.max_pending_returns:
+            self._pending.popitem(last=False)
+
+    def _admit(
+        self, tenant: str, blocks: tuple[int, ...], now: float, actions: list[Action]
+    ) -> int:
+        """Make budget room for ``blocks`` by evicting other retentions (the
+        tenant's own for the tenant cap); return how long a prefix fits."""
+        cap, tenant_cap = self.config.held_cap, self.config.tenant_cap
+        new, new_tenant = self._ledger.new_blocks(tenant, blocks)
+        over = self._ledger.held + new - cap
+        over_tenant = self._ledger.tenant_held(tenant) + new_tenant - tenant_cap
+        wanted = frozenset(blocks)
+        for own_only in (True, False):
+            if (over_tenant if own_only else over) <= 0:
+                continue
+            for victim in self._victims(now, tenant if own_only else None):
+                reason = _evict_reason(victim, now, ReleaseReason.BUDGET)
+                release, freed, tenant_freed = self._drop(victim, reason)
+                actions.append(release)
+                over -= _count_outside(freed, wanted)
+                if victim.key.tenant == tenant:
+                    over_tenant -= _count_outside(tenant_freed, wanted)
+                if (over_tenant if own_only else over) <= 0:
+                    break
+        if over > 0 or over_tenant > 0:
+            return self._ledger.fitting_prefix(tenant, blocks, cap, tenant_cap)
+        return len(blocks)
+
+    def _victims(self, now: float, tenant: str | None = None) -> list[Retention]:
+        candidates = [r for r in self._retentions.values() if tenant in (None, r.key.tenant)]
+        return sorted(candidates, key=lambda r: r.victim_rank(now))
+
+    def _add_children(self, r: Retention, children: Iterable[str]) -> bool:
+        """Register live forks of ``r``; False if some did not fit."""
+        for child in children:
+            if child != r.key.br and child not in r.children:
+                if len(r.children) >= MAX_CHILDREN:
+                    return False
+                r.children.add(child)
+        self._schedule(r)
+        return True
+
+    def _end(self, key: BranchKey, session: bool, now: float) -> list[Action]:
+        """Release branch ``key`` (or its whole session) and unregister it as
+        a live fork: a parent whose last child ended keeps its own deadline,
+        but at least ``min_retain_s`` more, since it usually resumes now."""
+        in_session = [
+            self._retentions[key.sibling(br)]
+            for br in self._sessions.get((key.tenant, key.sid), ())
+        ]
+        if session:
+            self.estimator.forget_session(key.tenant, key.sid)
+            for r in in_session:
+                self._pending.pop(r.key, None)
+            self._pending.pop(key, None)
+            return [self._drop(r, ReleaseReason.END)[0] for r in in_session]
+        self._pending.pop(key, None)
+        actions: list[Action] = []
+        for r in in_session:
+            if r.key == key:
+                actions.append(self._drop(r, ReleaseReason.END)[0])
+            elif key.br in r.children:
+                r.children.discard(key.br)
+                if not r.children:
+                    r.deadline = max(r.deadline, min(now + self.config.min_retain_s, r.horizon))
+                self._schedule(r)
+        return actions
+
+    def _insert(self, r: Retention) -> None:
+        self._retentions[r.key] = r
+        self._sessions.setdefault((r.key.tenant, r.key.sid), set()).add(r.key.br)
+        self._ledger.add(r.key.tenant, r.block_ids)
+        self._holds += 1
+        self._schedule(r)
+
+    def _drop(self, r: Retention, reason: ReleaseReason) -> tuple[Release, list[int], list[int]]:
+        """Forget ``r``; return its Release and the blocks no longer held
+        globally and by its tenant. Its heap entry goes stale."""
+        key = r.key
+        del self._retentions[key]
+        branches = self._sessions[(key.tenant, key.sid)]
+        branches.discard(key.br)
+        if not branches:
+            del self._sessions[(key.tenant, key.sid)]
+        freed, tenant_freed = self._ledger.remove(key.tenant, r.block_ids)
+        self._released[reason] += 1
+        return Release(key, r.block_ids, reason), freed, tenant_freed
+
+    def _schedule(self, r: Retention) -> None:
+        """Make a fresh heap entry ``r``'s only valid one."""
+        r.token = next(self._tokens)
+        heapq.heappush(self._heap, (r.effective_deadline, r.token, r.key))
+        if len(self._heap) > 2 * len(self._retentions) + 64:
+            self._heap = [(x.effective_deadline, x.token, x.key) for x in self._retentions.values()]
+            heapq.heapify(self._heap)
+
+
+def _beyond(now: float, horizon: float, seconds: float | None) -> bool:
+    """The client expects to come back after the retention's hard end."""
+    return seconds is not None and now + seconds > horizon
+
+
+def _count_outside(blocks: list[int], wanted: frozenset[int]) -> int:
+    return sum(b not in wanted for b in blocks)
+
+
+def _evict_reason(r: Retention, now: float, live: ReleaseReason) -> ReleaseReason:
+    """Label an eviction ``expired`` when the victim was due anyway."""
+    return ReleaseReason.EXPIRED if r.effective_deadline <= now else live

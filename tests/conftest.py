@@ -1,0 +1,43 @@
+"""Shared fixtures: the generated test model and real vLLM CPU servers on 127.0.0.1.
+
+Servers are expensive here (~30 s to start on 2 cores), so the extension server is
+shared by the whole session; tests that need another configuration start their own
+with ``server_ext.local_server`` and stop it in the same fixture.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server_ext import LocalServer, local_server, make_test_model
+
+REPO = Path(__file__).resolve().parent.parent
+TRACES = Path(os.environ.get("AGENT_HINTS_TRACES", REPO.parent / "shared" / "traces"))
+
+
+@pytest.fixture(scope="session")
+def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_test_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    """vLLM with the extension: 128 blocks of 64 tokens, hermes tool parser."""
+    with local_server(
+        test_model_dir,
+        kv_blocks=128,
+        max_model_len=4096,
+        log_dir=tmp_path_factory.mktemp("vllm-logs"),
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def traces_dir() -> Path:
+    if not TRACES.is_dir():
+        pytest.skip(f"agent traces not found at {TRACES} (set AGENT_HINTS_TRACES)")
+    return TRACES

@@ -1,0 +1,273 @@
+"""The extension on a real vLLM CPU server, against plain vLLM with the same KV capacity.
+
+Both servers have 48 blocks of 64 tokens (3,072 tokens): one 1,024-token session
+prompt plus a flood of unrelated prompts overflows the pool, so plain LRU evicts
+the session's prefix during its "tool gap" while the extension keeps it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from hints_spec import HintError, parse_header
+from server_ext import LocalServer, local_server
+
+pytestmark = pytest.mark.server
+
+BLOCKS = 48
+PROMPT = 1024  # tokens: 16 full blocks
+
+
+@pytest.fixture(scope="module")
+def ext_server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    with local_server(
+        test_model_dir,
+        kv_blocks=BLOCKS,
+        max_model_len=2048,
+        # Let retention fill the whole pool, so the pressure path is exercised.
+        extra_config={"max_held_fraction": 1.0, "max_tenant_fraction": 1.0},
+        env={"VLLM_SERVER_DEV_MODE": "1"},
+        log_dir=tmp_path_factory.mktemp("ext-logs"),
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def plain_server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    with local_server(
+        test_model_dir,
+        extension=False,
+        kv_blocks=BLOCKS,
+        max_model_len=2048,
+        log_dir=tmp_path_factory.mktemp("plain-logs"),
+    ) as server:
+        yield server
+
+
+def tokens(seed: int, n: int = PROMPT) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(8, 2000) for _ in range(n)]
+
+
+def complete(
+    server: LocalServer,
+    prompt: list[int],
+    hints: str | None = None,
+    headers: dict[str, str] | None = None,
+    **body: object,
+) -> int:
+    """Send a token-id completion; return its cached prompt tokens."""
+    all_headers = dict(headers or {})
+    if hints is not None:
+        all_headers["Agent-Hints"] = hints
+    status, reply = server.post_json(
+        "/v1/completions",
+        {"model": server.model, "prompt": prompt, "max_tokens": 2, **body},
+        all_headers,
+    )
+    assert status == 200, reply
+    assert isinstance(reply, dict)
+    return int(reply["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
+
+
+def control(server: LocalServer, payload: dict[str, object], headers: dict[str, str] | None = None) -> dict[str, object]:
+    status, reply = server.post_json("/v1/agent-hints/events", payload, headers)
+    assert status == 200, reply
+    assert isinstance(reply, dict)
+    return reply
+
+
+def metric(server: LocalServer, name: str) -> float:
+    return server.metrics().get(name, 0.0)
+
+
+def wait_metric(server: LocalServer, name: str, value: float, timeout: float = 20.0) -> float:
+    """Engine stats reach /metrics with the next engine step: poll for them."""
+    deadline = time.monotonic() + timeout
+    seen = metric(server, name)
+    while seen != value and time.monotonic() < deadline:
+        time.sleep(0.25)
+        seen = metric(server, name)
+    return seen
+
+
+def end_session(server: LocalServer, sid: str, headers: dict[str, str] | None = None) -> None:
+    control(server, {"v": 1, "sid": sid, "events": [{"type": "end"}]}, headers)
+
+
+def flood(server: LocalServer, seed: int, count: int = 6) -> None:
+    for i in range(count):
+        complete(server, tokens(seed * 100 + i))
+
+
+def test_prefix_survives_flood_only_with_extension(
+    ext_server: LocalServer, plain_server: LocalServer
+) -> None:
+    session = tokens(1)
+    results = {}
+    for name, server in (("extension", ext_server), ("plain", plain_server)):
+        assert complete(server, session, 'v=1, sid="flood", gap=30') == 0
+        flood(server, seed=2)
+        results[name] = complete(server, session + tokens(3, 64), 'v=1, sid="flood", gap=30')
+    end_session(ext_server, "flood")
+    assert results["extension"] >= PROMPT - 64, results
+    assert results["plain"] < PROMPT // 2, results
+
+
+def test_end_releases_and_nothing_leaks(ext_server: LocalServer) -> None:
+    assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
+    complete(ext_server, tokens(10), 'v=1, sid="rel", gap=5')
+    assert wait_metric(ext_server, "agent_hints_held_blocks", PROMPT // 64) == PROMPT // 64
+    reply = control(ext_server, {"v": 1, "sid": "rel", "events": [{"type": "end"}]})
+    assert reply["results"] == [{"index": 0, "outcome": "accepted"}]
+    assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
+
+    # Many sessions, ended by the end hint on their last request or by the control
+    # endpoint: held blocks return to zero.
+    for i in range(12):
+        sid = f"many-{i}"
+        complete(ext_server, tokens(20 + i, 256), f'v=1, sid="{sid}", gap=5')
+        if i % 2:
+            complete(ext_server, tokens(20 + i, 320), f'v=1, sid="{sid}", end')
+        else:
+            end_session(ext_server, sid)
+    assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
+    assert metric(ext_server, "agent_hints_retained_branches") == 0
+
+
+def test_fork_children_reuse_parent_prefix_after_pressure(ext_server: LocalServer) -> None:
+    parent = tokens(30)
+    complete(ext_server, parent, 'v=1, sid="fork", br="root", gap=30')
+    reply = control(
+        ext_server,
+        {"v": 1, "sid": "fork", "events": [{"type": "fork", "parent": "root", "children": ["a", "b"]}]},
+    )
+    assert reply["results"] == [{"index": 0, "outcome": "accepted"}]
+    flood(ext_server, seed=31)
+    for i, child in enumerate(("a", "b")):
+        cached = complete(ext_server, parent + tokens(40 + i, 128), f'v=1, sid="fork", br="{child}", pbr="root", gap=5')
+        assert cached >= PROMPT - 64, (child, cached)
+    end_session(ext_server, "fork")
+    assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
+
+
+def test_pool_full_of_retained_blocks_never_preempts(ext_server: LocalServer) -> None:
+    before = ext_server.metrics()
+    # Three idle sessions hold 45 of the 47 usable blocks.
+    for i in range(3):
+        complete(ext_server, tokens(50 + i, 960), f'v=1, sid="press-{i}", gap=60')
+    assert wait_metric(ext_server, "agent_hints_held_blocks", 45) == 45
+    # An unhinted 1,500-token request needs 24 blocks: retention must yield.
+    complete(ext_server, tokens(60, 1500))
+    after = ext_server.metrics()
+    assert after.get("vllm:num_preemptions_total", 0) == before.get("vllm:num_preemptions_total", 0)
+    assert after["agent_hints_pressure_releases_total"] > before["agent_hints_pressure_releases_total"]
+    for i in range(3):
+        end_session(ext_server, f"press-{i}")
+    assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
+
+
+def malformed_headers(count: int, seed: int = 7) -> list[str]:
+    """Header values the codec rejects: random bytes of the visible ASCII range,
+    mutations of valid headers, and values that break SPEC bounds."""
+    rng = random.Random(seed)
+    alphabet = [chr(c) for c in range(0x20, 0x7F)]
+    templates = [
+        'v=1, sid="s", gap=-1', 'v=2, sid="s"', 'sid=tok', 'v=1, sid="' + "x" * 129 + '"',
+        'v=1, prio=9', 'v=1, ttl=1.5', 'v=1, sid="s", end=1', 'v=1, sid=("a" "b")',
+        'v=1, pbr="x"', 'v=1,,', 'v=1, sid="a\\q"', 'v=1, gap=1234567890123456',
+    ]  # fmt: skip
+    found: list[str] = []
+    while len(found) < count:
+        if rng.random() < 0.5:
+            value = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60))).strip()
+        else:
+            t = rng.choice(templates)
+            cut = rng.randrange(len(t))
+            value = (t[:cut] + rng.choice(alphabet) + t[cut:]).strip()
+        try:
+            parse_header(value)
+        except HintError:
+            if value:
+                found.append(value)
+    return found
+
+
+def test_malformed_headers_are_served_and_counted(ext_server: LocalServer) -> None:
+    before = metric(ext_server, "agent_hints_parse_errors_total")
+    prompt = tokens(70, 16)
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(
+            pool.map(
+                lambda h: ext_server.post_json(
+                    "/v1/completions",
+                    {"model": ext_server.model, "prompt": prompt, "max_tokens": 1},
+                    {"Agent-Hints": h},
+                )[0],
+                malformed_headers(200),
+            )
+        )
+    assert statuses == [200] * 200
+    assert metric(ext_server, "agent_hints_parse_errors_total") - before == 200
+
+
+def test_tenant_cannot_end_another_tenants_session(ext_server: LocalServer) -> None:
+    alice = {"Authorization": "Bearer alice-key"}
+    mallory = {"Authorization": "Bearer mallory-key"}
+    complete(ext_server, tokens(80), 'v=1, sid="shared-name", gap=60', headers=alice)
+    held = wait_metric(ext_server, "agent_hints_held_blocks", PROMPT // 64)
+    assert held == PROMPT // 64
+    # Mallory's end names the same session id: it is scoped to Mallory's tenant.
+    reply = control(ext_server, {"v": 1, "sid": "shared-name", "events": [{"type": "end"}]}, mallory)
+    assert reply["results"][0]["outcome"] == "accepted"  # no oracle: same answer either way
+    # Nor can a forged kv_transfer_params smuggle a control message or a tenant in.
+    complete(
+        ext_server,
+        tokens(81, 64),
+        headers=mallory,
+        kv_transfer_params={
+            "agent_hints_control": {"tenant": "key:whatever", "sid": "shared-name", "events": [{"type": "end"}]}
+        },
+    )
+    time.sleep(1.0)
+    assert metric(ext_server, "agent_hints_held_blocks") == held
+    end_session(ext_server, "shared-name", alice)
+    assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
+
+
+def test_every_endpoint_and_body_form_carries_hints(ext_server: LocalServer) -> None:
+    before = metric(ext_server, "agent_hints_holds_total")
+    text = " ".join(f"w{i}" for i in range(200))
+    status, _ = ext_server.post_json(
+        "/v1/chat/completions",
+        {"model": ext_server.model, "messages": [{"role": "user", "content": text}], "max_tokens": 2},
+        {"Agent-Hints": 'v=1, sid="ep-chat", gap=5'},
+    )
+    assert status == 200
+    status, _ = ext_server.post_json(
+        "/v1/responses",
+        {"model": ext_server.model, "input": text, "max_output_tokens": 16, "agent_hints": {"sid": "ep-resp", "gap": 5}},
+    )
+    assert status == 200
+    # Interop only: vLLM's own session header.
+    complete(ext_server, tokens(90, 256), headers={"X-Session-ID": "ep-interop"})
+    assert wait_metric(ext_server, "agent_hints_holds_total", before + 3) == before + 3
+    for sid in ("ep-chat", "ep-resp", "ep-interop"):
+        end_session(ext_server, sid)
+    assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
+
+
+def test_reset_prefix_cache_releases_retention_first(ext_server: LocalServer) -> None:
+    complete(ext_server, tokens(95), 'v=1, sid="reset", gap=60')
+    assert wait_metric(ext_server, "agent_hints_held_blocks", PROMPT // 64) == PROMPT // 64
+    status, reply = ext_server.post_json("/reset_prefix_cache", {})
+    assert status == 200 and reply == {"success": True}
+    assert complete(ext_server, tokens(95)) == 0  # really gone from the cache
+    # The reset ran no engine step; the request above carried the stats out.
+    assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
