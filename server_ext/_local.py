@@ -71,7 +71,9 @@ class LocalServer:
                 totals[name] = totals.get(name, 0.0) + value
         return totals
 
-    def post_json(self, path: str, payload: object, headers: Mapping[str, str] | None = None) -> tuple[int, object]:
+    def post_json(
+        self, path: str, payload: object, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, object]:
         """POST JSON to ``path`` (relative to the root URL); (status, parsed body)."""
         request = urllib.request.Request(
             self.root_url + path,

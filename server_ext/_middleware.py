@@ -150,7 +150,9 @@ class AgentHintsMiddleware:
     ) -> None:
         config = self._extension(scope)
         if config is None:
-            await _json(send, 404, _error("not_enabled", "the agent-hints connector is not enabled"))
+            await _json(
+                send, 404, _error("not_enabled", "the agent-hints connector is not enabled")
+            )
             return
         body = await _read_body(receive, limit=MAX_CONTROL_BYTES)
         if body is None:
@@ -202,7 +204,9 @@ def _request_hints(
     return merge_hints(merge_hints(header, body), interop)
 
 
-def _counted(source: str, parse: Callable[[Any], AgentHints | None], value: Any) -> AgentHints | None:
+def _counted(
+    source: str, parse: Callable[[Any], AgentHints | None], value: Any
+) -> AgentHints | None:
     try:
         return parse(value)
     except HintError as e:
@@ -256,7 +260,10 @@ async def _json(send: Send, status: int, payload: dict[str, Any]) -> None:
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": data})

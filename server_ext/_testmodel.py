@@ -46,7 +46,7 @@ CHAT_TEMPLATE = (
     "{%- if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{%- endif %}"
     "# Tools\n<tools>\n"
     "{%- for tool in tools %}{{ tool | tojson }}\n{%- endfor %}"
-    "</tools>\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>"
+    '</tools>\nCall a tool as <tool_call>{"name": ..., "arguments": ...}</tool_call>'
     "<|im_end|>\n"
     "{%- elif messages[0].role == 'system' %}"
     "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
@@ -58,8 +58,8 @@ CHAT_TEMPLATE = (
     "{%- elif message.role == 'assistant' %}"
     "<|im_start|>assistant\n{%- if message.content %}{{ message.content }}{%- endif %}"
     "{%- for call in message.tool_calls or [] %}"
-    "<tool_call>\n{\"name\": \"{{ call.function.name }}\", "
-    "\"arguments\": {{ call.function.arguments }}}\n</tool_call>"
+    '<tool_call>\n{"name": "{{ call.function.name }}", '
+    '"arguments": {{ call.function.arguments }}}\n</tool_call>'
     "{%- endfor %}<|im_end|>\n"
     "{%- else %}"
     "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
@@ -68,12 +68,63 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
 )
 
-_WORDS = (
-    "the agent reads file writes code runs tests tool call result error session branch "
-    "cache prefix block token request server client model fork child parent end retain "
-    "release deadline gap seconds json name arguments function return value list dict "
-    "import def class self async await for while if else try except raise with open path"
-).split()
+_WORDS = [
+    "the",
+    "agent",
+    "reads",
+    "file",
+    "writes",
+    "code",
+    "runs",
+    "tests",
+    "tool",
+    "call",
+    "result",
+    "error",
+    "session",
+    "branch",
+    "cache",
+    "prefix",
+    "block",
+    "token",
+    "request",
+    "server",
+    "client",
+    "model",
+    "fork",
+    "child",
+    "parent",
+    "end",
+    "retain",
+    "release",
+    "deadline",
+    "gap",
+    "seconds",
+    "json",
+    "name",
+    "arguments",
+    "function",
+    "return",
+    "value",
+    "list",
+    "dict",
+    "import",
+    "def",
+    "class",
+    "self",
+    "async",
+    "await",
+    "for",
+    "while",
+    "if",
+    "else",
+    "try",
+    "except",
+    "raise",
+    "with",
+    "open",
+    "path",
+]
 
 
 def _corpus(seed: int, lines: int) -> Iterator[str]:

@@ -197,7 +197,7 @@ class AgentHintsPromMetrics(KVConnectorPromMetrics):
                 series.inc(value)
 
 
-class AgentHintsConnector(KVConnectorBase_V1):  # type: ignore[misc]
+class AgentHintsConnector(KVConnectorBase_V1):
     """Scheduler-side connector that turns agent hints into KV retention.
 
     It loads and saves nothing (a pure cache-residency policy); the worker-side
@@ -212,7 +212,7 @@ class AgentHintsConnector(KVConnectorBase_V1):  # type: ignore[misc]
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self._config = ExtensionConfig.from_mapping(
-            vllm_config.kv_transfer_config.kv_connector_extra_config
+            self._kv_transfer_config.kv_connector_extra_config
         )
         self._total_blocks = int(kv_cache_config.num_blocks)
         self._block_size = int(vllm_config.cache_config.block_size)

@@ -25,7 +25,9 @@ def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+def vllm_server(
+    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
     """vLLM with the extension: 128 blocks of 64 tokens, hermes tool parser."""
     with local_server(
         test_model_dir,

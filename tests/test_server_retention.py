@@ -25,7 +25,9 @@ PROMPT = 1024  # tokens: 16 full blocks
 
 
 @pytest.fixture(scope="module")
-def ext_server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+def ext_server(
+    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
     with local_server(
         test_model_dir,
         kv_blocks=BLOCKS,
@@ -39,7 +41,9 @@ def ext_server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="module")
-def plain_server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+def plain_server(
+    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
     with local_server(
         test_model_dir,
         extension=False,
@@ -76,7 +80,9 @@ def complete(
     return int(reply["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
 
 
-def control(server: LocalServer, payload: dict[str, object], headers: dict[str, str] | None = None) -> dict[str, object]:
+def control(
+    server: LocalServer, payload: dict[str, object], headers: dict[str, str] | None = None
+) -> dict[str, object]:
     status, reply = server.post_json("/v1/agent-hints/events", payload, headers)
     assert status == 200, reply
     assert isinstance(reply, dict)
@@ -146,12 +152,20 @@ def test_fork_children_reuse_parent_prefix_after_pressure(ext_server: LocalServe
     complete(ext_server, parent, 'v=1, sid="fork", br="root", gap=30')
     reply = control(
         ext_server,
-        {"v": 1, "sid": "fork", "events": [{"type": "fork", "parent": "root", "children": ["a", "b"]}]},
+        {
+            "v": 1,
+            "sid": "fork",
+            "events": [{"type": "fork", "parent": "root", "children": ["a", "b"]}],
+        },
     )
     assert reply["results"] == [{"index": 0, "outcome": "accepted"}]
     flood(ext_server, seed=31)
     for i, child in enumerate(("a", "b")):
-        cached = complete(ext_server, parent + tokens(40 + i, 128), f'v=1, sid="fork", br="{child}", pbr="root", gap=5')
+        cached = complete(
+            ext_server,
+            parent + tokens(40 + i, 128),
+            f'v=1, sid="fork", br="{child}", pbr="root", gap=5',
+        )
         assert cached >= PROMPT - 64, (child, cached)
     end_session(ext_server, "fork")
     assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
@@ -167,7 +181,9 @@ def test_pool_full_of_retained_blocks_never_preempts(ext_server: LocalServer) ->
     complete(ext_server, tokens(60, 1500))
     after = ext_server.metrics()
     assert after.get("vllm:num_preemptions_total", 0) == before.get("vllm:num_preemptions_total", 0)
-    assert after["agent_hints_pressure_releases_total"] > before["agent_hints_pressure_releases_total"]
+    assert (
+        after["agent_hints_pressure_releases_total"] > before["agent_hints_pressure_releases_total"]
+    )
     for i in range(3):
         end_session(ext_server, f"press-{i}")
     assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
@@ -224,7 +240,9 @@ def test_tenant_cannot_end_another_tenants_session(ext_server: LocalServer) -> N
     held = wait_metric(ext_server, "agent_hints_held_blocks", PROMPT // 64)
     assert held == PROMPT // 64
     # Mallory's end names the same session id: it is scoped to Mallory's tenant.
-    reply = control(ext_server, {"v": 1, "sid": "shared-name", "events": [{"type": "end"}]}, mallory)
+    reply = control(
+        ext_server, {"v": 1, "sid": "shared-name", "events": [{"type": "end"}]}, mallory
+    )
     assert reply["results"][0]["outcome"] == "accepted"  # no oracle: same answer either way
     # Nor can a forged kv_transfer_params smuggle a control message or a tenant in.
     complete(
@@ -232,7 +250,11 @@ def test_tenant_cannot_end_another_tenants_session(ext_server: LocalServer) -> N
         tokens(81, 64),
         headers=mallory,
         kv_transfer_params={
-            "agent_hints_control": {"tenant": "key:whatever", "sid": "shared-name", "events": [{"type": "end"}]}
+            "agent_hints_control": {
+                "tenant": "key:whatever",
+                "sid": "shared-name",
+                "events": [{"type": "end"}],
+            }
         },
     )
     time.sleep(1.0)
@@ -246,13 +268,22 @@ def test_every_endpoint_and_body_form_carries_hints(ext_server: LocalServer) -> 
     text = " ".join(f"w{i}" for i in range(200))
     status, _ = ext_server.post_json(
         "/v1/chat/completions",
-        {"model": ext_server.model, "messages": [{"role": "user", "content": text}], "max_tokens": 2},
+        {
+            "model": ext_server.model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 2,
+        },
         {"Agent-Hints": 'v=1, sid="ep-chat", gap=5'},
     )
     assert status == 200
     status, _ = ext_server.post_json(
         "/v1/responses",
-        {"model": ext_server.model, "input": text, "max_output_tokens": 16, "agent_hints": {"sid": "ep-resp", "gap": 5}},
+        {
+            "model": ext_server.model,
+            "input": text,
+            "max_output_tokens": 16,
+            "agent_hints": {"sid": "ep-resp", "gap": 5},
+        },
     )
     assert status == 200
     # Interop only: vLLM's own session header.

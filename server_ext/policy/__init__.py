@@ -13,7 +13,6 @@ from ._config import EstimatorConfig, PolicyConfig
 from ._estimator import GapEstimator, Prediction
 from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent, ToolStartEvent
 from ._keys import ROOT, BranchHints, BranchKey
-from ._ledger import BlockLedger
 from ._policy import MAX_CHILDREN, PolicyStats, RetentionPolicy
 from ._retention import Retention
 
@@ -21,7 +20,6 @@ __all__ = [
     "MAX_CHILDREN",
     "ROOT",
     "Action",
-    "BlockLedger",
     "BranchHints",
     "BranchKey",
     "ControlEvent",

@@ -56,8 +56,9 @@ class Release:
 
 
 Action = Hold | Release
-"""The adapter applies all Holds of a list before its Releases, so blocks that a
-replaced retention shares with its replacement never reach refcount 0."""
+"""All Holds of a list must be applied before its Releases, so blocks that a
+replaced retention shares with its replacement never reach refcount 0. The
+policy puts Holds first in every list, so applying a list in order suffices."""
 
 
 @dataclass(frozen=True, slots=True)

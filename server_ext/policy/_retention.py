@@ -33,7 +33,8 @@ class Retention:
         gap: Latest client gap estimate (request ``gap`` or tool_start ``eta``).
         ttl: The client's ``ttl`` hint.
         parent: Branch this one forked from, if the client said so.
-        children: Live forked branches (until their ``end``).
+        children: Live forked branches (until their ``end``); carried over
+            when the retention is replaced, dropped when the branch returns.
         token: Current heap entry id.
     """
 

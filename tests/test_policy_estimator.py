@@ -1,0 +1,79 @@
+"""GapEstimator: the client's gap is the prior, observations take over."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from server_ext.policy import EstimatorConfig, GapEstimator
+
+
+def test_client_prior_dominates_without_observations() -> None:
+    est = GapEstimator()
+    p = est.predict("t", "s", "bash", client_gap=12.0)
+    assert p.expected_s == pytest.approx(12.0)
+    assert 12.0 < p.deadline_s < 12.0 * 3
+
+
+def test_population_prior_without_hint() -> None:
+    cfg = EstimatorConfig(prior_gap_s=10.0, prior_sigma=1.6, quantile=0.9)
+    p = GapEstimator(cfg).predict("t", "s", None, client_gap=None)
+    assert p.expected_s == pytest.approx(10.0)
+    assert p.deadline_s == pytest.approx(10.0 * math.exp(1.2815515655446004 * 1.6))
+
+
+def test_long_gaps_grow_the_deadline_despite_a_short_hint() -> None:
+    est = GapEstimator()
+    before = est.predict("t", "s", "build", client_gap=5.0)
+    for _ in range(20):
+        est.observe("t", "s", "build", 300.0)
+    after = est.predict("t", "s", "build", client_gap=5.0)
+    assert after.deadline_s > 5 * before.deadline_s
+    assert after.expected_s > 100.0
+
+
+def test_tool_statistics_carry_to_new_sessions_of_the_same_tenant_only() -> None:
+    est = GapEstimator()
+    for i in range(10):
+        est.observe("a", f"s{i}", "test", 120.0)
+    fresh = est.predict("a", "new", "test", client_gap=None)
+    other_tool = est.predict("a", "new", "grep", client_gap=None)
+    other_tenant = est.predict("b", "new", "test", client_gap=None)
+    assert fresh.expected_s > 60.0
+    assert other_tool.expected_s == pytest.approx(10.0)
+    assert other_tenant.expected_s == pytest.approx(10.0)
+
+
+def test_consistent_gaps_narrow_the_spread() -> None:
+    est = GapEstimator()
+    for _ in range(32):
+        est.observe("t", "s", "bash", 8.0)
+    p = est.predict("t", "s", "bash", client_gap=8.0)
+    assert p.expected_s == pytest.approx(8.0)
+    assert p.deadline_s < 8.0 * 1.3
+
+
+def test_forgetting_follows_drift() -> None:
+    est = GapEstimator(EstimatorConfig(memory=8))
+    for _ in range(50):
+        est.observe("t", "s", None, 1.0)
+    for _ in range(50):
+        est.observe("t", "s", None, 100.0)
+    assert est.predict("t", "s", None, client_gap=None).expected_s > 50.0
+
+
+def test_memory_is_bounded_lru() -> None:
+    est = GapEstimator(EstimatorConfig(max_sessions=3, max_tools=2))
+    for i in range(10):
+        est.observe("t", f"s{i}", f"tool{i}", 30.0)
+    assert est.tracked_sessions == 3
+    assert est.tracked_tools == 2
+    est.forget_session("t", "s9")
+    assert est.tracked_sessions == 2
+
+
+def test_zero_gap_is_floored() -> None:
+    est = GapEstimator()
+    est.observe("t", "s", None, 0.0)
+    assert est.predict("t", "s", None, client_gap=0.0).expected_s > 0.0
