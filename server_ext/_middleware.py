@@ -27,17 +27,13 @@ from hints_spec import (
     BODY_FIELD,
     CONTROL_PATH,
     HEADER_NAME,
-    AgentHints,
     ControlResponse,
     EventResult,
     HintError,
     Outcome,
     ToolStart,
-    from_interop,
-    merge_hints,
-    parse_body,
     parse_control,
-    parse_header,
+    resolve_hints,
 )
 
 from ._config import ExtensionConfig
@@ -122,25 +118,27 @@ class AgentHintsMiddleware:
             return body  # vLLM answers malformed JSON itself
         if not isinstance(payload, dict):
             return body
-        raw_hint = payload.pop(BODY_FIELD, None)
-        changed = raw_hint is not None
+        hints = None
+        if scope["path"] in INFERENCE_PATHS:
+            hints, errors = resolve_hints(headers, payload)
+            for source, error in errors:
+                PARSE_ERRORS.labels(source, error.code).inc()
+        changed = payload.pop(BODY_FIELD, None) is not None
         transfer = payload.get("kv_transfer_params")
         if isinstance(transfer, dict):
             for key in RESERVED_KEYS:
                 changed |= transfer.pop(key, None) is not None
-        if scope["path"] in INFERENCE_PATHS:
-            hints = _request_hints(headers, payload, raw_hint)
-            config = self._extension(scope)
-            if hints is not None and hints.sid is not None and config is not None:
-                tenant = resolve_tenant(headers, config.tenant_header)
-                payload.setdefault("session_id", hints.sid)
-                if not isinstance(transfer, dict):
-                    transfer = payload["kv_transfer_params"] = {}
-                transfer.update(hint_params(tenant, hints.normalized()))
-                if config.salt_per_tenant and tenant != DEFAULT_TENANT:
-                    payload["cache_salt"] = tenant
-                HINTED_REQUESTS.inc()
-                changed = True
+        config = self._extension(scope)
+        if hints is not None and hints.sid is not None and config is not None:
+            tenant = resolve_tenant(headers, config.tenant_header)
+            payload.setdefault("session_id", hints.sid)
+            if not isinstance(transfer, dict):
+                transfer = payload["kv_transfer_params"] = {}
+            transfer.update(hint_params(tenant, hints.normalized()))
+            if config.salt_per_tenant and tenant != DEFAULT_TENANT:
+                payload["cache_salt"] = tenant
+            HINTED_REQUESTS.inc()
+            changed = True
         return json.dumps(payload).encode() if changed else body
 
     # -- control endpoint
@@ -189,29 +187,6 @@ class AgentHintsMiddleware:
             tenant = resolve_tenant(headers, config.tenant_header)
             await send_control(scope["app"].state, tenant, sid, accepted)
         await _json(send, 200, ControlResponse(results=results).model_dump(exclude_none=True))
-
-
-def _request_hints(
-    headers: dict[str, str], payload: dict[str, Any], raw_hint: object
-) -> AgentHints | None:
-    """Header over body over interop, key by key; each malformed source is dropped."""
-    header = body = interop = None
-    if _HEADER in headers:
-        header = _counted("header", parse_header, headers[_HEADER])
-    if raw_hint is not None:
-        body = _counted("body", parse_body, raw_hint)
-    interop = _counted("interop", lambda h: from_interop(h, payload), headers)
-    return merge_hints(merge_hints(header, body), interop)
-
-
-def _counted(
-    source: str, parse: Callable[[Any], AgentHints | None], value: Any
-) -> AgentHints | None:
-    try:
-        return parse(value)
-    except HintError as e:
-        PARSE_ERRORS.labels(source, e.code).inc()
-        return None
 
 
 def _headers(scope: Scope) -> dict[str, str]:

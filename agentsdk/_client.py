@@ -1,0 +1,94 @@
+"""Drop-in ``OpenAI`` / ``AsyncOpenAI`` subclasses that attach the ambient ``hint_scope``.
+
+Subclassing (not wrapping) keeps the typed resource tree and ``isinstance``, so the clients drop
+into the OpenAI Agents SDK, pydantic-ai or plain code unchanged. The single hook is
+``_prepare_options``, which openai runs on a fresh shallow copy of the options for every retry
+attempt; the hook replaces (never mutates) the headers and body mappings it touches, so a retried
+request is identical to the first. ``copy`` / ``with_options`` rebuild via ``self.__class__`` with
+the shared http client, so they stay hinted and keep the connection pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from openai import AsyncOpenAI, OpenAI
+from openai._models import FinalRequestOptions
+from typing_extensions import override
+
+from hints_spec import HEADER_NAME
+
+from ._scope import active_scope
+
+__all__ = ["HintedAsyncOpenAI", "HintedOpenAI"]
+
+_HEADER_LOWER = HEADER_NAME.lower()
+_CACHE_KEY = "prompt_cache_key"
+# Endpoints whose request body has a typed ``prompt_cache_key`` (chat completions, responses);
+# legacy completions has none and is only given the header.
+_CACHE_KEY_PATHS = ("/chat/completions", "/responses")
+
+
+def _has_key(mapping: Mapping[str, object], lower_name: str) -> bool:
+    return any(key.lower() == lower_name for key in mapping)
+
+
+def _with_hints(
+    options: FinalRequestOptions, client_headers: Mapping[str, str]
+) -> FinalRequestOptions:
+    """Add the scope's header and session cache key to one attempt's options.
+
+    Anything the caller set explicitly wins: an ``Agent-Hints`` header in ``default_headers`` or
+    ``extra_headers`` (``Omit()`` included), and ``prompt_cache_key`` in the call or ``extra_body``.
+    """
+    scope = active_scope()
+    if scope is None or options.url.startswith(("ws://", "wss://")):
+        return options
+    headers = options.headers if isinstance(options.headers, Mapping) else {}
+    if not (_has_key(headers, _HEADER_LOWER) or _has_key(client_headers, _HEADER_LOWER)):
+        options.headers = {**headers, HEADER_NAME: scope.header}
+    sid = scope.hints.sid
+    body = options.json_data
+    if (
+        sid is not None
+        and isinstance(body, Mapping)
+        and _CACHE_KEY not in body
+        and not (options.extra_json is not None and _CACHE_KEY in options.extra_json)
+        and options.method.lower() == "post"
+        and options.url.partition("?")[0].endswith(_CACHE_KEY_PATHS)
+    ):
+        options.json_data = {**body, _CACHE_KEY: sid}
+    return options
+
+
+class HintedOpenAI(OpenAI):
+    """``openai.OpenAI`` that sends the ambient ``hint_scope`` with every request.
+
+    Outside any scope it sends exactly what ``openai.OpenAI`` sends.
+    """
+
+    @property
+    @override
+    def user_agent(self) -> str:
+        # The base class derives it from the class name; keep the plain client's value.
+        return f"{OpenAI.__name__}/Python {self._version}"
+
+    @override
+    def _prepare_options(self, options: FinalRequestOptions) -> FinalRequestOptions:
+        return super()._prepare_options(_with_hints(options, self._custom_headers))
+
+
+class HintedAsyncOpenAI(AsyncOpenAI):
+    """``openai.AsyncOpenAI`` that sends the ambient ``hint_scope`` with every request.
+
+    Outside any scope it sends exactly what ``openai.AsyncOpenAI`` sends.
+    """
+
+    @property
+    @override
+    def user_agent(self) -> str:
+        return f"{AsyncOpenAI.__name__}/Python {self._version}"
+
+    @override
+    async def _prepare_options(self, options: FinalRequestOptions) -> FinalRequestOptions:
+        return await super()._prepare_options(_with_hints(options, self._custom_headers))

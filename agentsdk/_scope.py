@@ -1,0 +1,188 @@
+"""Ambient agent hints: a context-local scope that every hinted request picks up.
+
+The hints live in a ``ContextVar`` so they follow the code that makes the request, not the client
+object: one client can serve many sessions and branches at once, and a scope entered before
+``asyncio.create_task`` / an anyio task group is inherited by the tasks started inside it.
+A scope is validated and its header serialized when it is created (memoized, as agent loops
+open a scope per model call with recurring values), so the per-request cost is a
+``ContextVar.get``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from types import TracebackType
+
+from hints_spec import AgentHints, HintError, HintErrorCode, parse_body, serialize_header
+
+from ._sentinel import UNSET, Unset
+
+__all__ = [
+    "HintArgumentError",
+    "ResolvedScope",
+    "active_scope",
+    "current_hints",
+    "hint_scope",
+]
+
+# hint_scope argument name -> agent_hints body key.
+_KEYS: Mapping[str, str] = {
+    "session": "sid",
+    "branch": "br",
+    "parent": "pbr",
+    "gap": "gap",
+    "ttl": "ttl",
+    "end": "end",
+    "prio": "prio",
+}
+_BODY_KEYS = tuple(_KEYS.values())
+_POSITION = {arg: index for index, arg in enumerate(_KEYS)}
+
+_ADVICE: Mapping[HintErrorCode, str] = {
+    HintErrorCode.BAD_ID: (
+        "session, branch and parent must be 1..128 characters from A-Z a-z 0-9 . _ : ~ / -"
+    ),
+    HintErrorCode.OUT_OF_RANGE: (
+        "gap and ttl must be 0..86400 seconds (gap with at most 3 decimals), prio 0..7"
+    ),
+    HintErrorCode.WRONG_TYPE: (
+        "session/branch/parent take str, gap float, ttl and prio int, end bool"
+    ),
+    HintErrorCode.INVALID_COMBINATION: "parent needs a branch and must differ from it",
+    HintErrorCode.TOO_LONG: "use shorter ids: the Agent-Hints header must fit in 1024 bytes",
+}
+
+
+class HintArgumentError(ValueError):
+    """A ``hint_scope`` argument the protocol would reject.
+
+    Raised where the scope is written rather than as a 400 from the server much later.
+    """
+
+    code: HintErrorCode
+
+    def __init__(self, message: str, code: HintErrorCode) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedScope:
+    """The effective hints of a scope, precomputed for the request hook.
+
+    ``values`` holds the value given for each key of ``_BODY_KEYS`` (None when unset);
+    nested scopes start from it.
+    """
+
+    values: tuple[object, ...]
+    hints: AgentHints
+    header: str
+
+
+_ACTIVE: ContextVar[ResolvedScope | None] = ContextVar("agentsdk_hint_scope", default=None)
+
+
+def active_scope() -> ResolvedScope | None:
+    """The innermost scope of the current context (for the client hook)."""
+    return _ACTIVE.get()
+
+
+def current_hints() -> AgentHints | None:
+    """The effective hints of the current context, or None outside any ``hint_scope``."""
+    scope = _ACTIVE.get()
+    return None if scope is None else scope.hints
+
+
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: True must not hit the entry of 1
+def _build(*values: object) -> ResolvedScope:
+    hints = parse_body(dict(zip(_BODY_KEYS, values, strict=True)))
+    return ResolvedScope(values, hints, serialize_header(hints))
+
+
+def _resolve(base: ResolvedScope | None, overrides: Mapping[str, object]) -> ResolvedScope:
+    values: list[object] = list(base.values) if base else [None] * len(_BODY_KEYS)
+    for arg, value in overrides.items():
+        values[_POSITION[arg]] = value
+    try:
+        try:
+            return _build(*values)
+        except TypeError:  # an unhashable argument: let the codec name the wrong type
+            return _build.__wrapped__(*values)
+    except HintError as err:
+        given = ", ".join(f"{arg}={value!r}" for arg, value in overrides.items())
+        advice = _ADVICE.get(err.code)
+        hint = f" ({advice})" if advice else ""
+        raise HintArgumentError(f"hint_scope({given}): {err.message}{hint}", err.code) from err
+
+
+class hint_scope:
+    """Attach agent hints to every hinted request made inside the block (``with`` or
+    ``async with``).
+
+    Nested scopes override only the keys they are given; ``None`` clears a key
+    (``hint_scope(branch=None)`` goes back to the root branch). Invalid values raise
+    ``HintArgumentError`` at construction. ``end`` and ``prio`` have protocol defaults
+    (False, 3) and cannot be cleared, only set.
+    """
+
+    __slots__ = ("_base", "_overrides", "_resolved", "_token")
+
+    def __init__(
+        self,
+        *,
+        session: str | Unset | None = UNSET,
+        branch: str | Unset | None = UNSET,
+        parent: str | Unset | None = UNSET,
+        gap: float | Unset | None = UNSET,
+        ttl: int | Unset | None = UNSET,
+        end: bool | Unset = UNSET,
+        prio: int | Unset = UNSET,
+    ) -> None:
+        given = {
+            "session": session,
+            "branch": branch,
+            "parent": parent,
+            "gap": gap,
+            "ttl": ttl,
+            "end": end,
+            "prio": prio,
+        }
+        self._overrides: Mapping[str, object] = {
+            arg: value for arg, value in given.items() if value is not UNSET
+        }
+        self._base = _ACTIVE.get()
+        self._resolved = _resolve(self._base, self._overrides)
+        self._token: Token[ResolvedScope | None] | None = None
+
+    def __enter__(self) -> AgentHints:
+        if self._token is not None:
+            raise RuntimeError("this hint_scope is already active; create one per with-block")
+        base = _ACTIVE.get()
+        if base is not self._base:  # entered under other hints than it was created under
+            self._base, self._resolved = base, _resolve(base, self._overrides)
+        self._token = _ACTIVE.set(self._resolved)
+        return self._resolved.hints
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._token is not None, "__exit__ without __enter__"
+        _ACTIVE.reset(self._token)
+        self._token = None
+
+    async def __aenter__(self) -> AgentHints:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)

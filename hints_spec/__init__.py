@@ -1,0 +1,53 @@
+"""Agent hints protocol v1: the reference codec for SPEC.md.
+
+Every parser raises :class:`HintError` and nothing else, so a server can ignore and
+count a bad hint with one ``except`` clause and serve the request as if it had none.
+"""
+
+from ._body import parse_body
+from ._control import (
+    ControlEvent,
+    ControlRequest,
+    ControlResponse,
+    End,
+    EventResult,
+    Fork,
+    Outcome,
+    ToolEnd,
+    ToolStart,
+    parse_control,
+)
+from ._errors import HintError, HintErrorCode
+from ._header import parse_header, serialize_header
+from ._interop import OTEL_CONVERSATION_ID, from_interop, merge_hints
+from ._model import BODY_FIELD, CONTROL_PATH, HEADER_NAME, PROTOCOL_VERSION, AgentHints
+from ._resolve import resolve_hints
+from ._vllm import to_vllm_fields
+
+__all__ = [
+    "BODY_FIELD",
+    "CONTROL_PATH",
+    "HEADER_NAME",
+    "OTEL_CONVERSATION_ID",
+    "PROTOCOL_VERSION",
+    "AgentHints",
+    "ControlEvent",
+    "ControlRequest",
+    "ControlResponse",
+    "End",
+    "EventResult",
+    "Fork",
+    "HintError",
+    "HintErrorCode",
+    "Outcome",
+    "ToolEnd",
+    "ToolStart",
+    "from_interop",
+    "merge_hints",
+    "parse_body",
+    "parse_control",
+    "parse_header",
+    "resolve_hints",
+    "serialize_header",
+    "to_vllm_fields",
+]
