@@ -1,0 +1,100 @@
+"""Online per-tool latency estimates: the source of the ``gap`` hint and tool ETAs.
+
+Tool waits are heavy-tailed and drift (a test suite grows, a network slows), so each tool
+keeps a decayed histogram over log-spaced bins rather than a mean: any quantile can be
+read from it, it merges by addition, and it serialises to a few numbers per tool for the
+session store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from pydantic import BaseModel, Field
+
+__all__ = ["LatencyEstimator", "LatencyStats"]
+
+_MIN_SECONDS = 1e-3
+_MAX_SECONDS = 86_400.0  # the protocol's bound on gap and eta
+_BINS_PER_DECADE = 10  # a bin spans ~26%: finer than the noise of real tool timings
+_NUM_BINS = math.ceil(math.log10(_MAX_SECONDS / _MIN_SECONDS) * _BINS_PER_DECADE) + 1
+_FORGOTTEN = 1e-3  # weights that decayed below this are dropped to keep stats small
+
+
+def _bin(seconds: float) -> int:
+    clamped = min(max(seconds, _MIN_SECONDS), _MAX_SECONDS)
+    index = math.floor(math.log10(clamped / _MIN_SECONDS) * _BINS_PER_DECADE)
+    return min(index, _NUM_BINS - 1)
+
+
+def _center(index: int) -> float:
+    """Geometric centre of a bin, so the round-trip error is symmetric in log space."""
+    return min(_MIN_SECONDS * 10 ** ((index + 0.5) / _BINS_PER_DECADE), _MAX_SECONDS)
+
+
+class LatencyStats(BaseModel):
+    """Persisted state: per tool name, histogram bin -> decayed count."""
+
+    tools: dict[str, dict[int, float]] = Field(default_factory=dict)
+
+
+class LatencyEstimator:
+    """Quantiles of past tool durations, with a prior for tools never seen.
+
+    The prior (a tool's ``expected_seconds``, else ``prior_seconds``) counts as one
+    observation at its exact value, so it decides alone at first (an unseen tool's
+    estimate is its prior) and fades as real durations arrive.
+    ``decay`` multiplies a tool's older counts at each new observation: recent behaviour
+    weighs more, and the effective sample size stays near ``1 / (1 - decay)``.
+    """
+
+    def __init__(
+        self,
+        stats: LatencyStats | None = None,
+        *,
+        prior_seconds: float = 1.0,
+        quantile: float = 0.5,
+        decay: float = 0.95,
+    ) -> None:
+        if not 0.0 < quantile < 1.0:
+            raise ValueError("quantile must be in (0, 1)")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError("decay must be in (0, 1]")
+        self.stats = stats if stats is not None else LatencyStats()
+        self.prior_seconds = prior_seconds
+        self.quantile = quantile
+        self.decay = decay
+
+    def observe(self, tool: str, seconds: float) -> None:
+        """Record one finished call of ``tool`` that took ``seconds``."""
+        weights = self.stats.tools.setdefault(tool, {})
+        for index in list(weights):
+            weights[index] *= self.decay
+            if weights[index] < _FORGOTTEN:
+                del weights[index]
+        index = _bin(seconds)
+        weights[index] = weights.get(index, 0.0) + 1.0
+
+    def estimate(self, tools: Mapping[str, float | None]) -> float | None:
+        """The quantile of the pooled durations of ``tools`` (name -> prior or None).
+
+        Pooling weights each tool by how often it ran recently, which is the best guess
+        of the wait after a response whose tool calls are not known yet. None when there
+        are no tools: then no wait follows a response.
+        """
+        if not tools:
+            return None
+        points: list[tuple[float, float]] = []  # (seconds, weight)
+        for name, prior in tools.items():
+            seconds = prior if prior is not None else self.prior_seconds
+            points.append((min(max(seconds, _MIN_SECONDS), _MAX_SECONDS), 1.0))
+            points.extend((_center(i), w) for i, w in self.stats.tools.get(name, {}).items())
+        points.sort()
+        target = self.quantile * sum(weight for _, weight in points)
+        cumulative = 0.0
+        for seconds, weight in points:
+            cumulative += weight
+            if cumulative >= target:
+                return seconds
+        return points[-1][0]  # float rounding left the target just out of reach

@@ -1,0 +1,115 @@
+"""What a run needs from a client: chat completions and, optionally, a control sink.
+
+Typed as protocols so a run accepts ``openai.AsyncOpenAI``, ``openai.OpenAI``, their hinted
+subclasses and ``ScriptedModel`` alike; ``ControlSender`` keeps a run's control events in
+order on their way to the sink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+from collections.abc import Sequence
+from functools import partial
+from typing import Any, Protocol, runtime_checkable
+
+import anyio
+import anyio.to_thread
+import openai
+from openai.types.chat import ChatCompletion
+
+from hints_spec import ControlEvent
+
+from ._client import HintedAsyncOpenAI, HintedOpenAI
+from ._control import ControlChannel
+from ._errors import ModelCallError
+
+__all__ = ["ControlSender", "ControlSink", "ModelClient", "control_sink", "create_completion"]
+
+_MAX_EVENTS = 64  # per control request, by the protocol
+
+
+class _Completions(Protocol):
+    def create(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class _Chat(Protocol):
+    @property
+    def completions(self) -> _Completions: ...
+
+
+class ModelClient(Protocol):
+    """Anything with ``chat.completions.create`` (sync or async) returning a ``ChatCompletion``."""
+
+    @property
+    def chat(self) -> _Chat: ...
+
+
+@runtime_checkable
+class ControlSink(Protocol):
+    """Where control events go: a ``ControlChannel``, or a test double that records them."""
+
+    async def send(self, sid: str, events: Sequence[ControlEvent]) -> object: ...
+
+
+def control_sink(client: ModelClient) -> ControlSink | None:
+    """The control channel of a hinted client (or the client itself if it is a sink)."""
+    if isinstance(client, HintedAsyncOpenAI | HintedOpenAI):
+        return ControlChannel(client)
+    return client if isinstance(client, ControlSink) else None
+
+
+class ControlSender:
+    """Delivers a run's control events in order, without ever making the run wait.
+
+    ``submit`` only queues. One sender task posts the queue in order (a ``tool_end``
+    overtaking its ``tool_start`` would mislead the server), merging whatever queued up
+    during the previous POST into the next one, up to the protocol's 64 events.
+    """
+
+    def __init__(self, sink: ControlSink, sid: str) -> None:
+        self._sink = sink
+        self._sid = sid
+        self._queue, self._pending = anyio.create_memory_object_stream[ControlEvent](math.inf)
+
+    def submit(self, events: Sequence[ControlEvent]) -> None:
+        with contextlib.suppress(anyio.BrokenResourceError):  # sender cancelled with the run
+            for event in events:
+                self._queue.send_nowait(event)
+
+    def close(self) -> None:
+        """No more events: ``run`` returns once the queue is delivered."""
+        self._queue.close()
+
+    async def run(self) -> None:
+        async with self._pending:
+            async for event in self._pending:
+                batch = [event]
+                with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream):
+                    while len(batch) < _MAX_EVENTS:
+                        batch.append(self._pending.receive_nowait())
+                await self._sink.send(self._sid, batch)
+
+
+async def create_completion(client: ModelClient, request: dict[str, Any]) -> ChatCompletion:
+    """One ``chat.completions.create`` call; every failure is a ``ModelCallError``.
+
+    A sync ``openai.OpenAI`` runs in a worker thread (the hint scope's context variables
+    go with it), so it never blocks the loop that runs tools and sibling branches.
+    """
+    create = client.chat.completions.create
+    try:
+        if isinstance(client, openai.OpenAI):
+            response = await anyio.to_thread.run_sync(
+                partial(create, **request), abandon_on_cancel=True
+            )
+        else:
+            response = create(**request)
+            if inspect.isawaitable(response):
+                response = await response
+    except openai.APIError as err:
+        raise ModelCallError(f"model call failed: {err}") from err
+    if not isinstance(response, ChatCompletion) or not response.choices:
+        raise ModelCallError(f"model call returned no completion: {response!r:.200}")
+    return response

@@ -1,0 +1,315 @@
+"""``@tool``: a Python function becomes a tool with a JSON schema the model sees.
+
+The schema comes from the signature's type hints and the docstring's parameter
+descriptions, through a pydantic model that also validates the model's arguments. Every
+way a definition can be wrong is raised at decoration time; every way a *call* can be wrong
+(garbage JSON, wrong types, a tool that raises or hangs) becomes a message to the model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar, get_type_hints, overload
+
+import anyio.to_thread
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, ValidationError, create_model
+
+from ._context import RunContext
+from ._errors import ToolDefinitionError
+
+__all__ = ["Tool", "ToolArgumentsError", "json_schema", "parse_arguments", "tool"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible servers accept
+_SECTION = re.compile(
+    r"^(Args|Arguments|Parameters|Params|Keyword Args|Returns?|Yields?|Raises|Examples?|Notes?)"
+    r":\s*$"
+)
+_GOOGLE_PARAM = re.compile(r"^\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_REST_PARAM = re.compile(r"^:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$")
+_REST_FIELD = re.compile(r"^:\w+")
+_ERROR_ARGS_SHOWN = 200  # how much of a bad argument string the model is shown back
+
+F = TypeVar("F", bound=Callable[..., Any])
+ToolFunction = Callable[[RunContext, BaseModel], Awaitable[object]]
+
+
+class ToolArgumentsError(ValueError):
+    """The model's arguments for a call cannot be used; the message is for the model."""
+
+
+@dataclass(frozen=True, eq=False)
+class Tool:
+    """A function the model can call.
+
+    ``parameters`` is the JSON schema sent to the model; ``args_model`` validates what
+    comes back. ``timeout`` bounds one call (None: the run's default). ``expected_seconds``
+    is the latency prior until the tool has run. ``lenient`` tools drop invalid arguments
+    and run with their defaults instead of failing: for models (or random weights) that
+    write garbage arguments. ``strict`` asks the server to constrain the arguments to the
+    schema (OpenAI's ``strict`` flag; vLLM enforces it with guided decoding) and rejects
+    unknown keys.
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    args_model: type[BaseModel]
+    function: ToolFunction
+    timeout: float | None = None
+    expected_seconds: float | None = None
+    lenient: bool = False
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ToolDefinitionError(f"tool name {self.name!r} must match {_NAME.pattern}")
+        for label, value in (
+            ("timeout", self.timeout),
+            ("expected_seconds", self.expected_seconds),
+        ):
+            if value is not None and not value > 0:
+                raise ToolDefinitionError(f"tool {self.name!r}: {label} must be > 0")
+
+    def definition(self) -> dict[str, Any]:
+        """The entry of the request's ``tools`` list."""
+        function: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+        }
+        if self.strict:
+            function["strict"] = True
+        return {"type": "function", "function": function}
+
+    def validate_arguments(self, arguments: str) -> BaseModel:
+        """Parse and validate a call's raw arguments; raises ``ToolArgumentsError``."""
+        parsed = parse_arguments(arguments)
+        if parsed is None:
+            if not self.lenient:
+                shown = arguments[:_ERROR_ARGS_SHOWN]
+                raise ToolArgumentsError(f"arguments must be a JSON object, got {shown!r}")
+            parsed = {}
+        try:
+            return self.args_model.model_validate(parsed)
+        except ValidationError as err:
+            if not self.lenient:
+                raise ToolArgumentsError(_summarize(err)) from err
+            bad = {str(e["loc"][0]) for e in err.errors() if e["loc"]}
+            kept = {key: value for key, value in parsed.items() if key not in bad}
+            return self.args_model.model_validate(kept)  # defaults cover every dropped key
+
+    async def call(self, context: RunContext, arguments: BaseModel) -> str:
+        """Run the tool; anything but a string result is sent as JSON."""
+        result = await self.function(context, arguments)
+        if isinstance(result, str):
+            return result
+        return pydantic_core.to_json(result, fallback=str).decode()
+
+
+def parse_arguments(arguments: str) -> dict[str, Any] | None:
+    """The arguments as a JSON object, or None; NaN/Infinity are rejected, not parsed."""
+    try:
+        value = json.loads(arguments or "{}", parse_constant=_reject_constant)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _summarize(err: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
+        for e in err.errors(include_url=False)
+    )
+
+
+@overload
+def tool(function: F, /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    expected_seconds: float | None = None,
+    lenient: bool = False,
+    strict: bool = False,
+) -> Callable[[F], Tool]: ...
+
+
+def tool(
+    function: F | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    expected_seconds: float | None = None,
+    lenient: bool = False,
+    strict: bool = False,
+) -> Tool | Callable[[F], Tool]:
+    """Turn a sync or async function into a ``Tool`` (bare ``@tool`` or ``@tool(...)``).
+
+    A first parameter annotated ``RunContext`` receives the run's context and is hidden
+    from the model. Sync functions run in a worker thread so they cannot stall the loop
+    (and can be timed out, though the thread finishes on its own).
+    """
+
+    def decorate(fn: F) -> Tool:
+        return _build(fn, name, description, timeout, expected_seconds, lenient, strict)
+
+    return decorate if function is None else decorate(function)
+
+
+def _build(
+    fn: Callable[..., Any],
+    name: str | None,
+    description: str | None,
+    timeout: float | None,
+    expected_seconds: float | None,
+    lenient: bool,
+    strict: bool,
+) -> Tool:
+    tool_name = name or str(getattr(fn, "__name__", ""))
+    try:
+        hints = get_type_hints(fn)
+    except Exception as err:  # unresolvable forward references, in the user's module
+        raise ToolDefinitionError(f"tool {tool_name!r}: cannot resolve type hints: {err}") from err
+    summary, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
+    params = list(inspect.signature(fn).parameters.values())
+    takes_context = bool(params) and hints.get(params[0].name) is RunContext
+    if takes_context:
+        params = params[1:]
+    fields: dict[str, Any] = {}
+    for index, param in enumerate(params):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: *args/**kwargs parameter {param.name!r} has no schema"
+            )
+        if hints.get(param.name) is RunContext:
+            raise ToolDefinitionError(f"tool {tool_name!r}: RunContext must be the first parameter")
+        required = param.default is param.empty
+        if lenient and required:
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: lenient tools need a default for {param.name!r}"
+            )
+        # Positional field names with aliases: any parameter name works, even ones that
+        # shadow BaseModel attributes ("schema") or that pydantic treats as private ("_x").
+        fields[f"p{index}"] = (
+            hints.get(param.name, Any),
+            Field(
+                ... if required else param.default,
+                alias=param.name,
+                description=param_docs.get(param.name),
+            ),
+        )
+    try:
+        args_model: type[BaseModel] = create_model(
+            f"{tool_name}_arguments",
+            __config__=ConfigDict(extra="forbid" if strict else "ignore"),
+            **fields,
+        )
+        schema = json_schema(args_model)
+    except PydanticUserError as err:
+        raise ToolDefinitionError(f"tool {tool_name!r}: unsupported parameter type: {err}") from err
+    return Tool(
+        name=tool_name,
+        description=description if description is not None else summary,
+        parameters=schema,
+        args_model=args_model,
+        function=_invoker(fn, params, takes_context),
+        timeout=timeout,
+        expected_seconds=expected_seconds,
+        lenient=lenient,
+        strict=strict,
+    )
+
+
+def _invoker(
+    fn: Callable[..., Any], params: list[inspect.Parameter], takes_context: bool
+) -> ToolFunction:
+    is_async = inspect.iscoroutinefunction(fn)
+
+    async def invoke(context: RunContext, arguments: BaseModel) -> object:
+        args: list[object] = [context] if takes_context else []
+        kwargs: dict[str, object] = {}
+        for index, param in enumerate(params):
+            value = getattr(arguments, f"p{index}")
+            if param.kind is param.POSITIONAL_ONLY:
+                args.append(value)
+            else:
+                kwargs[param.name] = value
+        if is_async:
+            return await fn(*args, **kwargs)
+        return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs), abandon_on_cancel=True)
+
+    return invoke
+
+
+def json_schema(args_model: type[BaseModel]) -> dict[str, Any]:
+    """The parameters schema of ``args_model``, by alias, without pydantic's titles."""
+    schema = args_model.model_json_schema(by_alias=True)
+    _drop_titles(schema)
+    return schema
+
+
+def _drop_titles(schema: object) -> None:
+    """Remove generated titles: prompt tokens that tell the model nothing.
+
+    Only string-valued ``title`` keys go, so a parameter named ``title`` (whose value is
+    a schema dict) survives.
+    """
+    if isinstance(schema, dict):
+        if isinstance(schema.get("title"), str):
+            del schema["title"]
+        for value in schema.values():
+            _drop_titles(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _drop_titles(value)
+
+
+def _parse_docstring(doc: str) -> tuple[str, Mapping[str, str]]:
+    """Split a docstring into its description and Google/ReST parameter descriptions."""
+    description: list[str] = []
+    params: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    section: str | None = None
+    entry_indent = -1
+    for line in doc.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if rest := _REST_PARAM.match(stripped):
+            section, current = "rest", params.setdefault(rest[1], [rest[2]])
+            continue
+        if _REST_FIELD.match(stripped):
+            section, current = "rest", None
+            continue
+        if indent == 0 and (header := _SECTION.match(stripped)):
+            section, current, entry_indent = header[1], None, -1
+            continue
+        if section is None:
+            description.append(line)
+        elif section in ("Args", "Arguments", "Parameters", "Params", "Keyword Args") and stripped:
+            if entry_indent < 0:
+                entry_indent = indent
+            google = _GOOGLE_PARAM.match(stripped)
+            if indent == entry_indent and google:
+                current = params.setdefault(google[1], [google[2]])
+            elif current is not None:
+                current.append(stripped)
+        elif section == "rest" and stripped and current is not None and indent > 0:
+            current.append(stripped)
+    summary = "\n".join(description).strip()
+    return summary, {name: " ".join(p for p in parts if p) for name, parts in params.items()}

@@ -1,0 +1,164 @@
+"""The agent framework against the real vLLM CPU server (random weights, hermes tool parser).
+
+Random weights write garbage arguments, so the loops force named tools that take no
+parameters and are ``strict`` (the server then constrains the arguments to ``{}``), and
+end with ``tool_choice="none"``: every turn is deterministic in shape.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentsdk import (
+    Agent,
+    HintedAsyncOpenAI,
+    HintedOpenAI,
+    InMemorySession,
+    LLMEndEvent,
+    ModelSettings,
+    RunContext,
+    Runner,
+    RunResult,
+    Session,
+    ToolCallOutputItem,
+    Usage,
+    tool,
+)
+from server_ext import LocalServer
+
+pytestmark = [pytest.mark.server, pytest.mark.anyio]
+
+ROOT = Path(__file__).resolve().parents[1]
+# Long enough to fill several 64-token KV blocks, so that reuse shows in cached_tokens.
+INSTRUCTIONS = "You are a coding agent working on a small Python project. " * 12
+
+
+@tool(strict=True)
+def list_dir() -> str:
+    """List the project files."""
+    return "calc.py\ntest_calc.py\nREADME.md"
+
+
+@tool(strict=True, expected_seconds=0.5)
+def run_tests() -> str:
+    """Run the test suite."""
+    return "FAILED test_calc.py::test_add - assert -1 == 5"
+
+
+def _client(server: LocalServer) -> HintedAsyncOpenAI:
+    return HintedAsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+async def _run_recording(
+    agent: Agent, client: HintedAsyncOpenAI, prompt: str, session: Session | None = None
+) -> tuple[RunResult, list[tuple[str, Usage]]]:
+    """Run streamed, keeping each model call's branch and usage in order."""
+    calls: list[tuple[str, Usage]] = []
+    async with Runner.run_streamed(agent, prompt, client=client, session=session) as stream:
+        async for event in stream:
+            if isinstance(event, LLMEndEvent):
+                calls.append((event.context.branch, Usage.from_completion(event.response.usage)))
+    return stream.result, calls
+
+
+async def test_multi_turn_loop_with_real_tool_calls(vllm_server: LocalServer) -> None:
+    agent = Agent(
+        name="coder",
+        instructions=INSTRUCTIONS,
+        model=vllm_server.model,
+        tools=[list_dir, run_tests],
+        model_settings=ModelSettings(
+            tool_choice=["list_dir", "run_tests", "list_dir", "none"], max_tokens=128
+        ),
+    )
+    session = InMemorySession("e2e-loop")
+    before = vllm_server.metrics()
+    result, calls = await _run_recording(agent, _client(vllm_server), "Fix it.", session=session)
+    after = vllm_server.metrics()
+    # The server saw the session: every model call carried hints, and the tool
+    # lifecycle arrived as accepted control events.
+    seen = after["agent_hints_requests_total"] - before.get("agent_hints_requests_total", 0)
+    assert seen == 4
+    events = after.get("agent_hints_control_events_total", 0) - before.get(
+        "agent_hints_control_events_total", 0
+    )
+    assert events >= 6  # three tool_start + three tool_end
+    outputs = [i for i in result.new_items if isinstance(i, ToolCallOutputItem)]
+    assert [(o.call.name, o.is_error) for o in outputs] == [
+        ("list_dir", False),
+        ("run_tests", False),
+        ("list_dir", False),
+    ]
+    assert len(calls) == 4
+    assert all(usage.cached_tokens > 0 for _, usage in calls[1:])  # turns 2+ reuse the prefix
+    assert result.usage.cached_tokens == sum(usage.cached_tokens for _, usage in calls)
+    stats = await session.get_stats()
+    assert stats.usage == result.usage
+    assert set(stats.latency.tools) == {"list_dir", "run_tests"}
+
+
+async def test_forked_children_reuse_the_parent_prefix(vllm_server: LocalServer) -> None:
+    child_settings = ModelSettings(tool_choice="none", max_tokens=16)
+    reviewer = Agent(name="reviewer", instructions="Review.", model_settings=child_settings)
+    tester = Agent(name="tester", instructions="Test.", model_settings=child_settings)
+
+    @tool(strict=True)
+    async def delegate(ctx: RunContext) -> str:
+        """Ask the reviewer and the tester."""
+        results = await Runner.fan_out(ctx, [(reviewer, "Look."), (tester, "Look.")])
+        return "\n".join(r.final_output for r in results)
+
+    lead = Agent(
+        name="lead",
+        instructions=INSTRUCTIONS,
+        model=vllm_server.model,
+        tools=[delegate],
+        model_settings=ModelSettings(tool_choice=["delegate", "none"], max_tokens=128),
+    )
+    result, calls = await _run_recording(lead, _client(vllm_server), "Review the change.")
+    branches = [branch for branch, _ in calls]
+    assert branches[0] == "root" and branches[-1] == "root"
+    assert sorted(branches[1:-1]) == ["root/reviewer-1", "root/tester-1"]
+    lead_prompt = calls[0][1].input_tokens
+    for branch, usage in calls[1:-1]:
+        # The child's first (and only) call starts with the lead's whole prompt.
+        assert usage.cached_tokens >= 64, branch
+        assert usage.cached_tokens >= (lead_prompt // 64 - 1) * 64, branch
+    assert result.usage.requests == 4
+
+
+def test_sync_client_in_a_worker_thread(vllm_server: LocalServer) -> None:
+    agent = Agent(
+        name="sync",
+        instructions=INSTRUCTIONS,
+        model=vllm_server.model,
+        tools=[run_tests],
+        model_settings=ModelSettings(tool_choice=["run_tests", "none"], max_tokens=128),
+    )
+    client = HintedOpenAI(base_url=vllm_server.base_url, api_key="unused", max_retries=0)
+    result = Runner.run_sync(agent, "Run the tests.", client=client)
+    assert result.usage.requests == 2
+    assert result.usage.cached_tokens > 0
+
+
+@pytest.mark.parametrize("example", ["coding_agent.py", "fan_out.py", "swap_client.py"])
+def test_examples_run_against_the_server(vllm_server: LocalServer, example: str) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / example),
+            "--base-url",
+            vllm_server.base_url,
+            "--model",
+            vllm_server.model,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "cached" in done.stdout
