@@ -1,0 +1,225 @@
+"""The API-server middleware over a recording ASGI app: no engine, real ASGI plumbing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import pytest
+
+from server_ext import AgentHintsMiddleware
+from server_ext._middleware import PARSE_ERRORS
+
+Message = dict[str, Any]
+
+
+class EngineClient:
+    """Records control messages the middleware sends to the engine."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    async def notify_kv_transfer_request_rejected(
+        self, request_id: str, params: dict[str, Any]
+    ) -> None:
+        self.sent.append((request_id, params))
+
+
+@dataclass
+class Harness:
+    """The middleware in front of a recording app, with vLLM's ``app.state`` faked."""
+
+    middleware: AgentHintsMiddleware
+    app: SimpleNamespace
+
+
+def make_app(enabled: bool = True, **extra: object) -> tuple[Harness, list[bytes], EngineClient]:
+    seen: list[bytes] = []
+
+    async def downstream(
+        scope: dict[str, Any], receive: Callable[[], Awaitable[Message]], send: Any
+    ) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        assert dict(scope["headers"]).get(b"content-length") in (None, str(len(body)).encode())
+        seen.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    engine = EngineClient()
+    transfer = SimpleNamespace(
+        kv_connector="AgentHintsConnector" if enabled else "OtherConnector",
+        kv_connector_extra_config=dict(extra),
+    )
+    state = SimpleNamespace(
+        vllm_config=SimpleNamespace(kv_transfer_config=transfer), engine_client=engine
+    )
+    return Harness(AgentHintsMiddleware(downstream), SimpleNamespace(state=state)), seen, engine
+
+
+def call(
+    harness: Harness, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        + [(b"content-length", str(len(body)).encode())],
+        "app": harness.app,
+    }
+    chunks = [body[:7], body[7:]]  # a body in two chunks
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        chunk = chunks.pop(0) if chunks else b""
+        return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    anyio.run(harness.middleware, scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, data
+
+
+def completion(**extra: object) -> bytes:
+    return json.dumps({"model": "m", "prompt": [1, 2, 3], **extra}).encode()
+
+
+def test_unhinted_body_passes_through_byte_for_byte() -> None:
+    harness, seen, _ = make_app()
+    body = b'{"model":"m",  "prompt":"hi"}'
+    assert call(harness, "/v1/completions", body)[0] == 200
+    assert seen == [body]
+
+
+def test_header_hint_is_lowered_into_session_id_and_transfer_params() -> None:
+    harness, seen, _ = make_app()
+    call(
+        harness,
+        "/v1/completions",
+        completion(),
+        {"Agent-Hints": 'v=1, sid="s1", br="a", gap=2.5'},
+    )
+    forwarded = json.loads(seen[0])
+    assert forwarded["session_id"] == "s1"
+    entry = forwarded["kv_transfer_params"]["agent_hints"]
+    assert entry["tenant"] == "default"
+    assert (
+        entry["hints"]["sid"] == "s1"
+        and entry["hints"]["br"] == "a"
+        and entry["hints"]["gap"] == 2.5
+    )
+
+
+def test_body_form_is_removed_from_the_body_and_lowered() -> None:
+    harness, seen, _ = make_app()
+    call(harness, "/v1/chat/completions", completion(agent_hints={"sid": "s2", "end": True}))
+    forwarded = json.loads(seen[0])
+    assert "agent_hints" not in forwarded
+    assert forwarded["kv_transfer_params"]["agent_hints"]["hints"]["end"] is True
+
+
+def test_malformed_header_is_counted_and_the_request_served_without_hints() -> None:
+    harness, seen, _ = make_app()
+    before = PARSE_ERRORS.labels("header", "wrong_type")._value.get()
+    status, _ = call(harness, "/v1/completions", completion(), {"Agent-Hints": "v=1, sid=token"})
+    assert status == 200
+    assert "kv_transfer_params" not in json.loads(seen[0])
+    assert PARSE_ERRORS.labels("header", "wrong_type")._value.get() == before + 1
+
+
+def test_reserved_transfer_keys_are_stripped_on_every_route() -> None:
+    harness, seen, _ = make_app()
+    forged = {"agent_hints_control": {"tenant": "x"}, "agent_hints": {"tenant": "x"}, "other": 1}
+    call(
+        harness,
+        "/v1/embeddings",
+        json.dumps({"input": "x", "kv_transfer_params": forged}).encode(),
+    )
+    assert json.loads(seen[0])["kv_transfer_params"] == {"other": 1}
+
+
+def test_tenant_comes_from_the_api_key_or_a_trusted_gateway_header() -> None:
+    harness, seen, _ = make_app(tenant_header="X-Tenant")
+    hint = {"Agent-Hints": 'v=1, sid="s"'}
+    call(harness, "/v1/completions", completion(), {**hint, "Authorization": "Bearer k1"})
+    call(harness, "/v1/completions", completion(), {**hint, "Authorization": "Bearer k2"})
+    call(
+        harness,
+        "/v1/completions",
+        completion(),
+        {**hint, "Authorization": "Bearer k1", "X-Tenant": "acme"},
+    )
+    tenants = [json.loads(b)["kv_transfer_params"]["agent_hints"]["tenant"] for b in seen]
+    assert tenants[0].startswith("key:") and tenants[0] != tenants[1]
+    assert tenants[2].startswith("gw:")
+    assert "k1" not in "".join(tenants)  # the key itself never reaches the engine
+
+
+def test_without_the_connector_hints_are_not_forwarded() -> None:
+    harness, seen, _ = make_app(enabled=False)
+    call(harness, "/v1/completions", completion(), {"Agent-Hints": 'v=1, sid="s"'})
+    assert "kv_transfer_params" not in json.loads(seen[0])
+    assert call(harness, "/v1/agent-hints/events", b"{}")[0] == 404
+
+
+def test_control_endpoint_validates_per_event_and_forwards_to_the_engine() -> None:
+    harness, _, engine = make_app(ttl_cap_s=100)
+    body = {
+        "v": 1,
+        "sid": "s",
+        "events": [
+            {"type": "tool_start", "br": "root", "tool": "bash", "eta": 5},
+            {"type": "tool_start", "tool": "bash", "eta": 1000},
+            {"type": "fork", "children": []},
+            {"type": "end"},
+        ],
+    }
+    status, data = call(
+        harness,
+        "/v1/agent-hints/events",
+        json.dumps(body).encode(),
+        {"Authorization": "Bearer k"},
+    )
+    assert status == 200
+    assert json.loads(data)["results"] == [
+        {"index": 0, "outcome": "accepted"},
+        {"index": 1, "outcome": "clipped", "reason": "ttl_capped"},
+        {"index": 2, "outcome": "rejected", "reason": "out_of_range"},
+        {"index": 3, "outcome": "accepted"},
+    ]
+    [(request_id, params)] = engine.sent
+    assert request_id.startswith("agent-hints-control-")
+    control = params["agent_hints_control"]
+    assert control["sid"] == "s" and control["tenant"].startswith("key:")
+    assert [e["type"] for e in control["events"]] == ["tool_start", "tool_start", "end"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"not json", 400, "syntax"),
+        (b'{"v": 1, "events": [{"type": "end"}]}', 400, "bad_id"),
+        (b'{"v": 2, "sid": "s", "events": [{"type": "end"}]}', 400, "unsupported_version"),
+        (b'{"v": 1, "sid": "s", "events": []}', 400, "out_of_range"),
+        (b"[" * 70000, 413, "too_long"),
+    ],
+)
+def test_control_endpoint_rejects_malformed_requests_whole(
+    body: bytes, status: int, code: str
+) -> None:
+    harness, _, engine = make_app()
+    got, data = call(harness, "/v1/agent-hints/events", body)
+    assert (got, json.loads(data)["error"]["code"]) == (status, code)
+    assert engine.sent == []
