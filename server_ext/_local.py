@@ -98,7 +98,7 @@ def local_server(
     extra_config: Mapping[str, object] | None = None,
     args: Sequence[str] = (),
     served_model_name: str = "tiny",
-    startup_timeout: float = 240.0,
+    startup_timeout: float = 600.0,
     log_dir: str | Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Iterator[LocalServer]:
