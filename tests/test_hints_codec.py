@@ -54,6 +54,7 @@ def test_public_api_is_exactly_the_contract() -> None:
             "parse_header", "serialize_header", "parse_body", "Outcome", "ToolStart",
             "ToolEnd", "Fork", "End", "ControlEvent", "ControlRequest", "parse_control",
             "EventResult", "ControlResponse", "to_vllm_fields", "from_interop", "merge_hints",
+            "resolve_hints",
         ]
     )  # fmt: skip
     assert (HEADER_NAME, BODY_FIELD, CONTROL_PATH) == (
