@@ -21,6 +21,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--default-ttl", type=float, dest="default_ttl_s")
     serve.add_argument("--tenant-header", help="tenant header set by a trusted gateway")
     serve.add_argument("--salt-per-tenant", action="store_true", default=None)
+    serve.add_argument(
+        "--prefetch", action="store_true", default=None, help="warm idle branches before return"
+    )
     serve.add_argument("--print-command", action="store_true", help="print the argv and exit")
     make = commands.add_parser("make-test-model", help="write the tiny test checkpoint")
     make.add_argument("directory")
@@ -40,8 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra: dict[str, object] = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
     if args.tenant_header:
         extra["tenant_header"] = args.tenant_header
-    if args.salt_per_tenant:
-        extra["salt_per_tenant"] = True
+    for flag in ("salt_per_tenant", "prefetch"):
+        if getattr(args, flag):
+            extra[flag] = True
     command = vllm_command(args.model, rest, extra_config=extra)
     if args.print_command:
         print(" ".join(command))

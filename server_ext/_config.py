@@ -36,6 +36,8 @@ class ExtensionConfig:
             unset, the tenant is derived from the API key.
         salt_per_tenant: Set ``cache_salt`` to the tenant so that tenants never share
             prefix-cache entries (closes the cross-tenant timing side channel).
+        prefetch: Re-prefill an idle branch's last prompt (a 1-token warm-up) while
+            the engine is idle, just before the branch is expected back.
     """
 
     max_held_fraction: float = 0.5
@@ -44,6 +46,7 @@ class ExtensionConfig:
     default_ttl_s: float = 60.0
     tenant_header: str | None = None
     salt_per_tenant: bool = False
+    prefetch: bool = False
 
     @classmethod
     def from_mapping(cls, extra: Mapping[str, object] | None) -> ExtensionConfig:

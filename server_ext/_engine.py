@@ -5,7 +5,8 @@ and supplies a ``BlockPort`` over the real block pool, so this module runs
 unchanged against a fake pool in unit tests.
 
 Wire format: the API-server middleware puts, inside ``kv_transfer_params``,
-``{HINTS_KEY: {"tenant", "hints"}}`` on inference requests and
+``{HINTS_KEY: {"tenant", "hints"}}`` on inference requests (plus
+``PREFETCH_FLAG: true`` on its own prefetch warm-ups) and
 ``{CONTROL_KEY: {"tenant", "sid", "events"}}`` on control messages. It strips
 both keys from client bodies first, so only the middleware can set them.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from .policy import (
     ROOT,
@@ -36,6 +37,7 @@ from .policy import (
 __all__ = [
     "CONTROL_KEY",
     "HINTS_KEY",
+    "PREFETCH_FLAG",
     "RESERVED_KEYS",
     "BlockPort",
     "EngineRetention",
@@ -76,6 +78,8 @@ def _contained(fallback: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
 HINTS_KEY = "agent_hints"
 CONTROL_KEY = "agent_hints_control"
 RESERVED_KEYS = (HINTS_KEY, CONTROL_KEY)
+PREFETCH_FLAG = "prefetch"
+"""Set in a ``HINTS_KEY`` entry by the API server's prefetcher on a warm-up."""
 
 
 def hint_params(tenant: str, hints: Mapping[str, object]) -> dict[str, object]:
@@ -115,6 +119,14 @@ def _control_event(raw: Mapping[str, Any]) -> ControlEvent | None:
     return None
 
 
+class _Tracked(NamedTuple):
+    """A hinted request in flight: its branch, its hints, whether it is a warm-up."""
+
+    key: BranchKey
+    hints: BranchHints
+    prefetch: bool
+
+
 class EngineRetention:
     """Applies a ``RetentionPolicy`` to a block pool, one engine event at a time.
 
@@ -123,13 +135,18 @@ class EngineRetention:
     (the policy guarantees the pairing); within one batch of actions all holds
     are applied before any release, so a block shared by a replaced retention and
     its replacement never drops to refcount 0 in between.
+
+    A prefetch warm-up (``PREFETCH_FLAG``) is not its branch's return: it
+    neither ends the retention nor teaches the estimator a gap, and when it
+    finishes it retains the warmed blocks like the branch's last request did.
+    An ``end`` of its branch while it runs cancels that retention.
     """
 
     def __init__(self, policy: RetentionPolicy, pool: BlockPort) -> None:
         self.policy = policy
         self._pool = pool
         # Requests seen by ``request_started`` whose branch may be retained.
-        self._keys: dict[str, tuple[BranchKey, BranchHints]] = {}
+        self._keys: dict[str, _Tracked] = {}
         self.faults = 0
 
     @property
@@ -150,24 +167,22 @@ class EngineRetention:
         if not isinstance(sid, str):
             return False
         key = BranchKey(tenant, sid, hints.get("br") or ROOT)
-        self._keys[request_id] = (
-            key,
-            BranchHints(
-                gap=hints.get("gap"),
-                ttl=hints.get("ttl"),
-                end=bool(hints.get("end")),
-                prio=int(hints.get("prio", 3)),
-                pbr=hints.get("pbr"),
-            ),
+        branch_hints = BranchHints(
+            gap=hints.get("gap"),
+            ttl=hints.get("ttl"),
+            end=bool(hints.get("end")),
+            prio=int(hints.get("prio", 3)),
+            pbr=hints.get("pbr"),
         )
+        self._keys[request_id] = _Tracked(key, branch_hints, entry.get(PREFETCH_FLAG) is True)
         return True
 
     @_contained(None)
     def request_scheduled(self, request_id: str) -> None:
         """The request now holds its own block references: its branch returned."""
         entry = self._keys.get(request_id)
-        if entry is not None:
-            self._apply(self.policy.on_request_started(entry[0]))
+        if entry is not None and not entry.prefetch:
+            self._apply(self.policy.on_request_started(entry.key))
 
     @_contained(None)
     def request_finished(self, request_id: str, block_ids: Sequence[int]) -> None:
@@ -175,11 +190,15 @@ class EngineRetention:
         entry = self._keys.pop(request_id, None)
         if entry is None:
             return
-        key, hints = entry
+        key, hints, prefetch = entry
+        if hints.end:
+            self._cancel_prefetches(key)
         # The engine cannot see tool calls (parsing is API-side); a request that
         # names a session announces that the session continues, so it counts as
         # one that expects a return unless it says ``end``.
-        decision = self.policy.on_request_finished(key, block_ids, hints, tool_calls=True)
+        decision = self.policy.on_request_finished(
+            key, block_ids, hints, tool_calls=True, departs=not prefetch
+        )
         self._apply(decision.actions)
 
     @_contained([])
@@ -192,6 +211,8 @@ class EngineRetention:
             if event is None:
                 outcomes.append(Outcome.REJECTED)
                 continue
+            if isinstance(event, EndEvent):
+                self._cancel_prefetches(BranchKey(tenant, sid, event.br or ROOT))
             decision = self.policy.on_control(tenant, sid, event)
             self._apply(decision.actions)
             outcomes.append(decision.outcome)
@@ -213,6 +234,15 @@ class EngineRetention:
     def release_all(self) -> None:
         """Drop every retention (before ``reset_prefix_cache``)."""
         self._apply(self.policy.release_all())
+
+    def _cancel_prefetches(self, key: BranchKey) -> None:
+        """Forget running warm-ups of ``key`` (its session on the root branch),
+        so that an ended branch is not retained again when they finish."""
+        session = key.br == ROOT
+        for request_id, tracked in list(self._keys.items()):
+            k = tracked.key
+            if tracked.prefetch and (k == key or (session and k.sibling(ROOT) == key)):
+                del self._keys[request_id]
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:

@@ -11,6 +11,8 @@ A pure ASGI middleware (``--middleware server_ext.AgentHintsMiddleware``):
   keys, so a client can never forge a tenant or a control message.
 - it answers ``POST /v1/agent-hints/events`` itself and forwards valid events to
   the engine core with no inference request.
+- with ``prefetch`` enabled, every other POST goes through a ``Prefetcher``,
+  which watches branches leave and return and warms them before they are back.
 
 Bodies without any hint-related bytes pass through untouched (no JSON round trip).
 """
@@ -18,7 +20,6 @@ Bodies without any hint-related bytes pass through untouched (no JSON round trip
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from prometheus_client import Counter
@@ -38,16 +39,12 @@ from hints_spec import (
 
 from ._config import ExtensionConfig
 from ._engine import RESERVED_KEYS, hint_params
+from ._prefetch import ASGIApp, Branch, Message, Prefetcher, Receive, Scope, Send
 from ._tenant import DEFAULT_TENANT, resolve_tenant
 from ._vllm import connector_config, send_control
+from .policy import ROOT, BranchKey
 
 __all__ = ["INFERENCE_PATHS", "AgentHintsMiddleware"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 MAX_CONTROL_BYTES = 64 * 1024
@@ -80,6 +77,7 @@ class AgentHintsMiddleware:
         self.app = app
         self._config: ExtensionConfig | None = None
         self._config_read = False
+        self._prefetcher: Prefetcher | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -90,34 +88,44 @@ class AgentHintsMiddleware:
             await self._control(scope, headers, receive, send)
             return
         body = await _read_body(receive)
-        rewritten = self._rewrite(scope, headers, body)
+        rewritten, branch = self._rewrite(scope, headers, body)
         if rewritten is not body:
             scope = dict(scope)
             scope["headers"] = [
                 (k, v) for k, v in scope["headers"] if k.lower() != b"content-length"
             ] + [(b"content-length", str(len(rewritten)).encode())]
-        await self.app(scope, _replay(rewritten, receive), send)
+        replay = _replay(rewritten, receive)
+        if self._prefetcher is None:
+            await self.app(scope, replay, send)
+        else:
+            await self._prefetcher.serve(scope, rewritten, branch, replay, send)
 
     def _extension(self, scope: Scope) -> ExtensionConfig | None:
         if not self._config_read:
             app = scope.get("app")
             self._config = connector_config(getattr(app, "state", None))
             self._config_read = True
+            if self._config is not None and self._config.prefetch:
+                self._prefetcher = Prefetcher(self.app)
         return self._config
 
     # -- inference requests
 
-    def _rewrite(self, scope: Scope, headers: dict[str, str], body: bytes) -> bytes:
-        """The body to forward: ``body`` itself unless hints or reserved keys changed it."""
+    def _rewrite(
+        self, scope: Scope, headers: dict[str, str], body: bytes
+    ) -> tuple[bytes, Branch | None]:
+        """The body to forward (``body`` itself unless hints or reserved keys
+        changed it) and the branch of its lowered hints."""
+        config = self._extension(scope)
         has_header = _HEADER in headers or any(h in headers for h in _INTEROP_HEADERS)
         if not has_header and not any(m in body for m in _MARKERS):
-            return body
+            return body, None
         try:
             payload = json.loads(body)
         except ValueError:
-            return body  # vLLM answers malformed JSON itself
+            return body, None  # vLLM answers malformed JSON itself
         if not isinstance(payload, dict):
-            return body
+            return body, None
         hints = None
         if scope["path"] in INFERENCE_PATHS:
             hints, errors = resolve_hints(headers, payload)
@@ -128,9 +136,10 @@ class AgentHintsMiddleware:
         if isinstance(transfer, dict):
             for key in RESERVED_KEYS:
                 changed |= transfer.pop(key, None) is not None
-        config = self._extension(scope)
+        branch = None
         if hints is not None and hints.sid is not None and config is not None:
             tenant = resolve_tenant(headers, config.tenant_header)
+            branch = Branch(BranchKey(tenant, hints.sid, hints.br or ROOT), hints.gap, hints.end)
             payload.setdefault("session_id", hints.sid)
             if not isinstance(transfer, dict):
                 transfer = payload["kv_transfer_params"] = {}
@@ -139,7 +148,7 @@ class AgentHintsMiddleware:
                 payload["cache_salt"] = tenant
             HINTED_REQUESTS.inc()
             changed = True
-        return json.dumps(payload).encode() if changed else body
+        return (json.dumps(payload).encode() if changed else body), branch
 
     # -- control endpoint
 
@@ -186,6 +195,8 @@ class AgentHintsMiddleware:
         if accepted:
             tenant = resolve_tenant(headers, config.tenant_header)
             await send_control(scope["app"].state, tenant, sid, accepted)
+            if self._prefetcher is not None:
+                self._prefetcher.control(tenant, sid, events)
         await _json(send, 200, ControlResponse(results=results).model_dump(exclude_none=True))
 
 

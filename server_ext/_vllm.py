@@ -5,9 +5,17 @@ between releases, so the extension pins ``SUPPORTED_VLLM`` and touches vLLM only
 here:
 
 - ``KVConnectorBase_V1`` (scheduler role): ``bind_kv_cache_manager``,
-  ``on_new_request``, ``update_state_after_alloc``, ``build_connector_meta``
-  (every step), ``request_finished`` (before blocks are freed),
-  ``get_kv_connector_stats`` / ``build_prom_metrics`` (metrics);
+  ``on_new_request``, ``get_num_new_matched_tokens`` / ``update_state_after_alloc``
+  (tier loads), ``build_connector_meta`` (every step), ``update_connector_output``,
+  ``request_finished`` (before blocks are freed), ``get_kv_connector_stats`` /
+  ``build_prom_metrics`` (metrics); ``KVTransferConfig.kv_load_failure_policy``
+  (set to ``recompute`` when a tier is on: a tier miss is recomputed, never fails);
+- ``KVConnectorBase_V1`` (worker role, only with a tier): ``register_kv_caches``
+  (logical per-layer shape ``[2, blocks, heads, tokens, dim]``), ``start_load_kv``
+  (sync loads run before the forward), ``wait_for_save`` (after it),
+  ``get_block_ids_with_load_errors``, ``build_connector_worker_meta``;
+- ``Request.block_hashes`` / ``num_tokens`` / ``num_computed_tokens``,
+  ``KVCacheManager.get_block_ids`` and ``SchedulerOutput.num_scheduled_tokens``;
 - ``BlockPool.touch`` / ``free_blocks`` and ``KVCacheBlock.block_hash``;
 - ``KVCacheManager.allocate_slots`` and ``reset_prefix_cache``, wrapped on the
   bound instance: release retained blocks before the scheduler would preempt,
@@ -31,6 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorWorkerMetadata,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -38,15 +47,30 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 
 from ._config import CONNECTOR_NAME, ExtensionConfig
-from ._engine import CONTROL_KEY, EngineRetention, control_params
+from ._engine import CONTROL_KEY, HINTS_KEY, EngineRetention, control_params
 from .policy import RetentionPolicy
+from .tier import (
+    BlockCodec,
+    BlockProgress,
+    GuardedTier,
+    HostTier,
+    KeyIndex,
+    KVTier,
+    MooncakeTier,
+    TierConfig,
+    TierOps,
+    TierPlanner,
+    TierReport,
+    TierWorker,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.block_pool import BlockPool
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 __all__ = [
@@ -125,7 +149,7 @@ class AgentHintsStats(KVConnectorStats):
 
     data: dict[str, Any] = field(default_factory=dict)
 
-    GAUGES = ("held_blocks", "retained_branches")
+    GAUGES = ("held_blocks", "retained_branches", "tier_bytes")
 
     def reset(self) -> None:
         self.data = {}
@@ -157,11 +181,18 @@ _COUNTERS = {
     "clipped": "Retention hints clipped by a budget or TTL cap",
     "rejected": "Retention hints rejected (over budget, unknown branch)",
     "faults": "Internal retention faults contained (the engine served without hints)",
+    "tier_hits": "KV blocks loaded from the tier instead of recomputed",
+    "tier_misses": "KV blocks past the device cache that the tier did not hold",
+    "tier_load_failures": "Planned tier loads that failed (the blocks were recomputed)",
+    "tier_save_failures": "KV blocks the tier could not store",
 }
 _GAUGES = {
     "held_blocks": "KV blocks held for idle agent branches",
     "retained_branches": "Agent branches whose KV is retained",
+    "tier_bytes": "Bytes of KV blocks in the tier (as the scheduler accounts them)",
 }
+# Stats entries that feed agent_hints_tier_bytes_moved: name -> direction label.
+_MOVED = {"tier_bytes_saved": "save", "tier_bytes_loaded": "load"}
 
 
 class AgentHintsPromMetrics(KVConnectorPromMetrics):
@@ -182,6 +213,16 @@ class AgentHintsPromMetrics(KVConnectorPromMetrics):
         for name, doc in _COUNTERS.items():
             counter = self._counter_cls(f"agent_hints_{name}", doc, labelnames=labelnames)
             self._series[name] = self._per_engine(counter)
+        moved = self._counter_cls(
+            "agent_hints_tier_bytes_moved",
+            "Bytes of KV copied to (save) and from (load) the tier",
+            labelnames=[*labelnames, "direction"],
+        )
+        for name, direction in _MOVED.items():
+            self._series[name] = {
+                i: moved.labels(*values, direction)
+                for i, values in self.per_engine_labelvalues.items()
+            }
 
     def _per_engine(self, metric: Any) -> dict[int, Any]:
         return {i: metric.labels(*values) for i, values in self.per_engine_labelvalues.items()}
@@ -197,27 +238,108 @@ class AgentHintsPromMetrics(KVConnectorPromMetrics):
                 series.inc(value)
 
 
-class AgentHintsConnector(KVConnectorBase_V1):
-    """Scheduler-side connector that turns agent hints into KV retention.
+@dataclass
+class AgentHintsMetadata(KVConnectorMetadata):
+    """Scheduler -> worker, every step: the tier's loads, saves and drops."""
 
-    It loads and saves nothing (a pure cache-residency policy); the worker-side
-    instance is inert. Enable with::
+    tier: TierOps = field(default_factory=TierOps)
+
+
+@dataclass
+class TierWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler, every step with tier work: what failed, bytes moved."""
+
+    report: TierReport
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if isinstance(other, TierWorkerMetadata):
+            mine, theirs = self.report, other.report
+            mine.failed_saves.extend(theirs.failed_saves)
+            mine.failed_loads.extend(theirs.failed_loads)
+            mine.bytes_saved += theirs.bytes_saved
+            mine.bytes_loaded += theirs.bytes_loaded
+        return self
+
+
+def _tier_identity(params: Mapping[str, Any] | None, ttl_cap_s: float) -> tuple[str, float] | None:
+    """(tenant, soft pin seconds) of a hinted request, else None (no tier use)."""
+    entry = params.get(HINTS_KEY) if params else None
+    if not isinstance(entry, Mapping):
+        return None
+    tenant, hints = entry.get("tenant"), entry.get("hints")
+    if not isinstance(tenant, str) or not isinstance(hints, Mapping) or not hints.get("sid"):
+        return None
+    pin = hints.get("ttl") if hints.get("ttl") is not None else hints.get("gap")
+    if hints.get("end") or not isinstance(pin, int | float):
+        return tenant, 0.0
+    return tenant, min(float(pin), ttl_cap_s)
+
+
+class AgentHintsConnector(KVConnectorBase_V1):
+    """Scheduler-side connector that turns agent hints into KV retention, plus an
+    optional KV tier below device memory (``"tier"`` in the extra config).
+
+    Without a tier it loads and saves nothing (a pure cache-residency policy) and
+    the worker-side instance is inert. With one, hinted requests' full blocks are
+    written through to the tier as they are computed, and a returning prefix that
+    left the device cache is loaded from the tier instead of recomputed. Enable
+    with::
 
         --kv-transfer-config '{"kv_connector": "AgentHintsConnector",
-          "kv_connector_module_path": "server_ext._vllm", "kv_role": "kv_both"}'
+          "kv_connector_module_path": "server_ext._vllm", "kv_role": "kv_both",
+          "kv_connector_extra_config": {"tier": "host", "tier_bytes": 1073741824}}'
     """
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        self._config = ExtensionConfig.from_mapping(
-            self._kv_transfer_config.kv_connector_extra_config
-        )
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        self._config = ExtensionConfig.from_mapping(extra)
+        self._tier_config = TierConfig.from_mapping(extra)
         self._total_blocks = int(kv_cache_config.num_blocks)
         self._block_size = int(vllm_config.cache_config.block_size)
         self._retention: EngineRetention | None = None
         self._reported: dict[str, int] = {}
+        # Tier, scheduler side: the planner and the requests it tracks.
+        self._planner: TierPlanner | None = None
+        self._tier_requests: dict[str, Request] = {}
+        # Tier, worker side.
+        self._tier_worker: TierWorker | None = None
+        self._load_errors: set[int] = set()
+        if self._tier_config is not None and role == KVConnectorRole.SCHEDULER:
+            self._planner = self._make_planner(vllm_config, kv_cache_config)
+
+    def _make_planner(
+        self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
+    ) -> TierPlanner | None:
+        assert self._tier_config is not None
+        groups = kv_cache_config.kv_cache_groups
+        hash_block = kv_cache_config.hash_block_size
+        if len(groups) != 1 or hash_block not in (None, self._block_size):
+            logger.warning("agent-hints tier: needs one KV cache group hashed per block; off")
+            return None
+        spec = groups[0].kv_cache_spec
+        block_bytes = int(spec.page_size_bytes) * len(groups[0].layer_names)
+        namespace = "|".join(
+            str(part)
+            for part in (vllm_config.model_config.model, self._block_size, block_bytes, spec)
+        )
+        # A tier miss at load time (evicted, corrupt, store down) must cost a
+        # recompute, never a failed request.
+        self._kv_transfer_config.kv_load_failure_policy = "recompute"
+        return TierPlanner(
+            KeyIndex(self._tier_config.budget_bytes),
+            namespace,
+            self._block_size,
+            block_bytes,
+            owns_eviction=self._tier_config.kind == "host",
+        )
+
+    def _contained(self, what: str) -> None:
+        logger.exception("agent-hints tier: %s failed; serving without the tier", what)
+        if self._retention is not None:
+            self._retention.faults += 1
 
     # -- binding: the two wrapped KVCacheManager methods live here
 
@@ -251,26 +373,75 @@ class AgentHintsConnector(KVConnectorBase_V1):
     def on_new_request(self, request: Request) -> None:
         if self._retention is not None:
             self._retention.request_added(request.request_id, request.kv_transfer_params)
+        if self._planner is not None:
+            identity = _tier_identity(request.kv_transfer_params, self._config.ttl_cap_s)
+            if identity is not None:
+                self._planner.track(request.request_id, *identity)
+                self._tier_requests[request.request_id] = request
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        return 0, False
+        if self._planner is None or request.request_id not in self._tier_requests:
+            return 0, False
+        try:
+            tokens = self._planner.lookup(
+                request.request_id, request.block_hashes, request.num_tokens, num_computed_tokens
+            )
+        except Exception:
+            self._contained("lookup")
+            return 0, False
+        return tokens, False
 
     def update_state_after_alloc(
-        self, request: Request, blocks: Any, num_external_tokens: int
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         if self._retention is not None:
             self._retention.request_scheduled(request.request_id)
+        if self._planner is not None and request.request_id in self._tier_requests:
+            try:
+                block_ids = blocks.get_block_ids()[0]
+                self._planner.allocated(request.request_id, block_ids, num_external_tokens)
+            except Exception:
+                self._contained("load planning")
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         if self._retention is not None:
             self._retention.tick()
-        return KVConnectorMetadata()
+        if self._planner is None or self._kv_cache_manager is None:
+            return AgentHintsMetadata()
+        manager = self._kv_cache_manager
+        try:
+            progress = [
+                BlockProgress(
+                    req_id,
+                    request.block_hashes,
+                    manager.get_block_ids(req_id)[0],
+                    # num_computed_tokens advances only after this call.
+                    request.num_computed_tokens + scheduled,
+                )
+                for req_id, scheduled in scheduler_output.num_scheduled_tokens.items()
+                if (request := self._tier_requests.get(req_id)) is not None
+            ]
+            return AgentHintsMetadata(self._planner.step(progress))
+        except Exception:
+            self._contained("save planning")
+            return AgentHintsMetadata()
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if self._planner is not None and isinstance(meta, TierWorkerMetadata):
+            r = meta.report
+            self._planner.worker_report(
+                r.failed_saves, r.failed_loads, r.bytes_saved, r.bytes_loaded
+            )
 
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        if self._planner is not None:
+            self._planner.finished(request.request_id)
+            self._tier_requests.pop(request.request_id, None)
         retention = self._retention
         if retention is None:
             return False, None
@@ -292,10 +463,14 @@ class AgentHintsConnector(KVConnectorBase_V1):
     # -- metrics
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        if self._retention is None:
-            return None
-        now = dataclasses.asdict(self._retention.stats)
-        now["faults"] = self._retention.faults
+        now: dict[str, int] = {}
+        if self._retention is not None:
+            now.update(dataclasses.asdict(self._retention.stats))
+            now["faults"] = self._retention.faults
+        if self._planner is not None:
+            counters = dataclasses.asdict(self._planner.counters)
+            now.update({f"tier_{name}": value for name, value in counters.items()})
+            now["tier_bytes"] = self._planner.index.bytes_used
         delta = {
             k: (v if k in AgentHintsStats.GAUGES else v - self._reported.get(k, 0))
             for k, v in now.items()
@@ -320,10 +495,51 @@ class AgentHintsConnector(KVConnectorBase_V1):
     ) -> KVConnectorPromMetrics | None:
         return AgentHintsPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
-    # -- worker side: nothing to load or save
+    # -- worker side: tier transfers (inert without a tier)
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        config = self._tier_config
+        if config is None:
+            return
+        try:
+            codec = BlockCodec(kv_caches, self._total_blocks)
+            tier: KVTier
+            if config.kind == "host":
+                # The scheduler's index owns budget and LRU and sends drops.
+                tier = HostTier(budget_bytes=None)
+            else:
+                tier = GuardedTier(
+                    lambda: MooncakeTier(
+                        config.mooncake_master, segment_bytes=config.mooncake_segment_bytes
+                    ),
+                    timeout_s=config.timeout_s,
+                )
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            self._tier_worker = TierWorker(tier, codec, f"/tp{get_tensor_model_parallel_rank()}")
+            first = next(iter(kv_caches.values()))
+            logger.info(
+                "agent-hints tier %s: %d layers of %s %s, %d bytes per block",
+                config.kind, len(kv_caches), tuple(first.shape), first.dtype, codec.block_bytes,
+            )  # fmt: skip
+        except Exception:
+            logger.exception("agent-hints tier: cannot use these KV caches; tier off")
+
+    def _tier_ops(self) -> TierOps | None:
+        if self._tier_config is None or not self.has_connector_metadata():
+            return None
+        meta = self._get_connector_metadata()
+        return meta.tier if isinstance(meta, AgentHintsMetadata) and meta.tier else None
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        return None
+        ops = self._tier_ops()
+        if ops is None or not ops.loads:
+            return
+        worker = self._tier_worker
+        if worker is None:
+            self._load_errors.update(block for _, block in ops.loads)
+            return
+        self._load_errors |= worker.load(ops.loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None
@@ -331,7 +547,21 @@ class AgentHintsConnector(KVConnectorBase_V1):
     def save_kv_layer(
         self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
     ) -> None:
-        return None
+        return None  # saves copy every layer at once, in wait_for_save
 
     def wait_for_save(self) -> None:
-        return None
+        ops = self._tier_ops()
+        if ops is not None and self._tier_worker is not None and (ops.saves or ops.drops):
+            self._tier_worker.save(ops.saves, ops.drops)
+
+    def shutdown(self) -> None:
+        if self._tier_worker is not None:
+            self._tier_worker.tier.close()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        report = self._tier_worker.take_report() if self._tier_worker is not None else None
+        return TierWorkerMetadata(report) if report is not None else None

@@ -3,9 +3,9 @@
 Driven by events and an injected clock, it decides which branches' KV blocks to
 hold across tool gaps and when to let them go; an adapter applies its
 ``Hold``/``Release`` actions to vLLM's block pool. The same code runs in the
-engine core, in unit tests with a fake clock, and in simulators. The prefetch
-planner (issue #5) will live in this package too, reading retentions'
-``expected_return`` through ``RetentionPolicy.retentions()``.
+engine core, in unit tests with a fake clock, and in simulators.
+``PrefetchPlanner`` plans when to bring an idle branch's KV back before it
+returns, from the same gap estimates.
 """
 
 from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
@@ -13,6 +13,7 @@ from ._config import EstimatorConfig, PolicyConfig
 from ._estimator import GapEstimator, Prediction
 from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent, ToolStartEvent
 from ._keys import ROOT, BranchHints, BranchKey
+from ._planner import Plan, PlannerStats, PrefetchPlanner
 from ._policy import MAX_CHILDREN, PolicyStats, RetentionPolicy
 from ._retention import Retention
 
@@ -30,9 +31,12 @@ __all__ = [
     "GapEstimator",
     "Hold",
     "Outcome",
+    "Plan",
+    "PlannerStats",
     "PolicyConfig",
     "PolicyStats",
     "Prediction",
+    "PrefetchPlanner",
     "Reason",
     "Release",
     "ReleaseReason",

@@ -155,12 +155,15 @@ class RetentionPolicy:
         hints: BranchHints,
         tool_calls: bool,
         now: float | None = None,
+        departs: bool = True,
     ) -> Decision:
         """A request of ``key`` finished holding ``block_ids`` (prefix first).
 
         ``end`` releases the branch (the session on the root branch). A
         response with tool calls or a ``gap`` hint is retained, replacing an
         older retention of the branch; budgets may evict others or clip it.
+        ``departs=False`` (a prefetch warm-up) retains without restarting the
+        branch's gap: it left when its last real request finished.
         """
         now = self._now(now)
         if hints.end:
@@ -171,7 +174,8 @@ class RetentionPolicy:
             actions.append(self._drop(old, ReleaseReason.REPLACED)[0])
         if not (tool_calls or hints.gap is not None):
             return self._decide(actions)
-        self._depart(key, now, hints.tool)
+        if departs:
+            self._depart(key, now, hints.tool)
         horizon = now + self._hold_limit(hints.ttl)
         blocks = tuple(dict.fromkeys(block_ids))
         if horizon <= now or not blocks:  # ttl 0 asks for no retention

@@ -1,0 +1,45 @@
+"""A KV tier below device memory: write-through saves and loads of KV blocks.
+
+Hinted requests' full blocks are copied to the tier as they are computed, so a
+branch that retention releases under pressure (or that plain LRU evicts) is
+loaded back on return instead of recomputed. ``HostTier`` keeps blocks in host
+memory, ``MooncakeTier`` in a Mooncake Store shared by engines; both are written
+against torch (the same code copies device -> host on a GPU). The scheduler
+side plans (``TierPlanner``), the worker side moves bytes (``TierWorker``); only
+``server_ext._vllm`` connects them to vLLM.
+"""
+
+from ._blocks import BlockCodec
+from ._config import TierConfig, TierConfigError
+from ._guard import GuardedTier
+from ._host import HostTier
+from ._index import KeyIndex
+from ._keys import block_key, checksum
+from ._master import MooncakeMaster, MooncakeUnavailable, local_mooncake_master
+from ._mooncake import MooncakeTier
+from ._plan import BlockProgress, TierCounters, TierOps, TierPlanner
+from ._protocol import KVTier, TierStats
+from ._worker import TierReport, TierWorker
+
+__all__ = [
+    "BlockCodec",
+    "BlockProgress",
+    "GuardedTier",
+    "HostTier",
+    "KVTier",
+    "KeyIndex",
+    "MooncakeMaster",
+    "MooncakeTier",
+    "MooncakeUnavailable",
+    "TierConfig",
+    "TierConfigError",
+    "TierCounters",
+    "TierOps",
+    "TierPlanner",
+    "TierReport",
+    "TierStats",
+    "TierWorker",
+    "block_key",
+    "checksum",
+    "local_mooncake_master",
+]

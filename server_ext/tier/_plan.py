@@ -1,0 +1,184 @@
+"""Scheduler-side tier bookkeeping: what to load, save and drop each engine step.
+
+No vLLM import: ``_vllm.AgentHintsConnector`` feeds it block hashes, block ids
+and token counts. The tier itself lives in the worker; the planner keeps a
+``KeyIndex`` of the keys the worker holds, is told of every key the worker
+failed to store or load, and (for a tier it owns, the host pool) makes the LRU
+and budget decisions and sends the evictions to the worker as drops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ._index import KeyIndex
+from ._keys import block_key
+
+__all__ = ["BlockProgress", "TierCounters", "TierOps", "TierPlanner"]
+
+
+@dataclass(frozen=True, slots=True)
+class TierOps:
+    """One step's work for the worker: drops, then loads (before the forward),
+    then saves (after it). Loads and saves are (key, block id)."""
+
+    loads: list[tuple[str, int]] = field(default_factory=list)
+    saves: list[tuple[str, int, float]] = field(default_factory=list)  # + soft pin seconds
+    drops: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.loads or self.saves or self.drops)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockProgress:
+    """A scheduled request of this step: its hashes, its blocks, and how many of
+    its tokens will have KV once the step ran."""
+
+    request_id: str
+    block_hashes: Sequence[bytes]
+    block_ids: Sequence[int]
+    computed_tokens: int
+
+
+@dataclass(slots=True)
+class TierCounters:
+    """Cumulative tier telemetry, in blocks and bytes."""
+
+    hits: int = 0  # blocks loaded from the tier instead of recomputed
+    misses: int = 0  # blocks looked up past the device cache that the tier lacked
+    load_failures: int = 0  # planned loads the worker could not serve (recomputed)
+    save_failures: int = 0
+    bytes_saved: int = 0
+    bytes_loaded: int = 0
+
+
+@dataclass(slots=True)
+class _Tracked:
+    tenant: str
+    pin_s: float
+    keys: list[str] = field(default_factory=list)
+    saved: int = 0  # leading blocks already in the tier (or being saved)
+    lookup: tuple[int, int, int] | None = None  # (first block, blocks queried, blocks found)
+
+
+class TierPlanner:
+    """Plans tier transfers for tracked (hinted) requests.
+
+    Args:
+        index: the keys the tier holds, with the budget for a tier the planner
+            owns (``owns_eviction``) or a bookkeeping bound for a shared store.
+        namespace: model + KV layout fingerprint mixed into every key.
+        block_size: tokens per vLLM block.
+        block_bytes: bytes of one packed block (all layers).
+        owns_eviction: send the index's evictions to the worker as drops (host
+            tier); a shared store evicts on its own and others may still use a key.
+    """
+
+    def __init__(
+        self,
+        index: KeyIndex,
+        namespace: str,
+        block_size: int,
+        block_bytes: int,
+        *,
+        owns_eviction: bool,
+    ) -> None:
+        self.index = index
+        self._namespace = namespace
+        self._block_size = block_size
+        self._block_bytes = block_bytes
+        self._owns_eviction = owns_eviction
+        self._tracked: dict[str, _Tracked] = {}
+        self._ops = TierOps()
+        self.counters = TierCounters()
+
+    def track(self, request_id: str, tenant: str, pin_s: float) -> None:
+        self._tracked[request_id] = _Tracked(tenant, pin_s)
+
+    def finished(self, request_id: str) -> None:
+        self._tracked.pop(request_id, None)
+
+    def _keys(self, entry: _Tracked, block_hashes: Sequence[bytes]) -> list[str]:
+        for h in block_hashes[len(entry.keys) :]:
+            entry.keys.append(block_key(self._namespace, entry.tenant, h))
+        return entry.keys
+
+    def lookup(
+        self, request_id: str, block_hashes: Sequence[bytes], num_tokens: int, num_computed: int
+    ) -> int:
+        """Tokens past ``num_computed`` (block aligned) the tier can supply.
+
+        Like vLLM's example connector, the last prompt token is always left to
+        compute, so a full hit still produces logits.
+        """
+        entry = self._tracked.get(request_id)
+        if entry is None:
+            return 0
+        first = num_computed // self._block_size
+        last = min((num_tokens - 1) // self._block_size, len(block_hashes))
+        if last <= first:
+            entry.lookup = None
+            return 0
+        keys = self._keys(entry, block_hashes)[first:last]
+        found = self.index.leading(keys)
+        entry.lookup = (first, len(keys), found)
+        return found * self._block_size
+
+    def allocated(self, request_id: str, block_ids: Sequence[int], external_tokens: int) -> None:
+        """After vLLM allocated blocks: plan the loads it accepted."""
+        entry = self._tracked.get(request_id)
+        if entry is None or entry.lookup is None:
+            return
+        first, queried, found = entry.lookup
+        entry.lookup = None
+        loaded = min(external_tokens // self._block_size, found)
+        keys = entry.keys[first : first + loaded]
+        self.index.touch(keys)
+        self._ops.loads.extend(zip(keys, block_ids[first : first + loaded], strict=True))
+        entry.saved = max(entry.saved, first + loaded)
+        self.counters.hits += loaded
+        self.counters.misses += queried - loaded
+
+    def step(self, progress: Iterable[BlockProgress]) -> TierOps:
+        """This step's ops: the planned loads, and saves of tracked requests'
+        full blocks that the step completes and the tier lacks."""
+        ops, self._ops = self._ops, TierOps()
+        saves: dict[str, tuple[int, float]] = {}
+        for p in progress:
+            entry = self._tracked.get(p.request_id)
+            if entry is None:
+                continue
+            full = min(p.computed_tokens // self._block_size, len(p.block_hashes), len(p.block_ids))
+            keys = self._keys(entry, p.block_hashes)
+            for i in range(entry.saved, full):
+                key = keys[i]
+                known = key in self.index
+                evicted = self.index.add(key, self._block_bytes, entry.pin_s)
+                for victim in evicted:
+                    # A key saved earlier in this same step is simply not saved.
+                    if saves.pop(victim, None) is None and self._owns_eviction:
+                        ops.drops.append(victim)
+                if not known and key not in evicted:
+                    saves[key] = (p.block_ids[i], entry.pin_s)
+            entry.saved = max(entry.saved, full)
+        ops.saves.extend((key, block, pin) for key, (block, pin) in saves.items())
+        return ops
+
+    def worker_report(
+        self,
+        failed_saves: Sequence[str],
+        failed_loads: Sequence[str],
+        bytes_saved: int,
+        bytes_loaded: int,
+    ) -> None:
+        """What the worker(s) did: keys they could not store or serve leave the
+        index (tensor-parallel workers may each report the same key)."""
+        saves, loads = set(failed_saves), set(failed_loads)
+        self.index.remove(saves | loads)
+        self.counters.save_failures += len(saves)
+        self.counters.load_failures += len(loads)
+        self.counters.hits -= len(loads)
+        self.counters.bytes_saved += bytes_saved
+        self.counters.bytes_loaded += bytes_loaded

@@ -1,0 +1,80 @@
+"""Worker-side tier transfers: KV cache blocks <-> tier, every failure contained."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ._blocks import BlockCodec
+from ._protocol import KVTier
+
+__all__ = ["TierReport", "TierWorker"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TierReport:
+    """What the worker did since the last report (keys are the planner's keys)."""
+
+    failed_saves: list[str] = field(default_factory=list)
+    failed_loads: list[str] = field(default_factory=list)
+    bytes_saved: int = 0
+    bytes_loaded: int = 0
+
+
+class TierWorker:
+    """Moves packed blocks between the KV caches and a tier.
+
+    ``key_suffix`` separates the shards of tensor-parallel workers that share
+    one store. No method raises: a failed load is reported (vLLM recomputes the
+    block), a failed save only means a later miss.
+    """
+
+    def __init__(self, tier: KVTier, codec: BlockCodec, key_suffix: str = "") -> None:
+        self.tier = tier
+        self.codec = codec
+        self._suffix = key_suffix
+        self._report = TierReport()
+
+    def load(self, loads: Sequence[tuple[str, int]]) -> set[int]:
+        """Copy tier -> KV cache; return the block ids that could not be loaded."""
+        failed: set[int] = set()
+        for key, block_id in loads:
+            try:
+                value = self.tier.get(key + self._suffix)
+                if value is not None:
+                    self.codec.unpack(value, block_id)
+                    self._report.bytes_loaded += value.numel()
+                    continue
+            except Exception:
+                logger.exception("agent-hints tier: load of block %d failed", block_id)
+            failed.add(block_id)
+            self._report.failed_loads.append(key)
+        return failed
+
+    def save(self, saves: Sequence[tuple[str, int, float]], drops: Sequence[str]) -> None:
+        """Apply the planner's drops, then copy KV cache -> tier."""
+        try:
+            if drops:
+                self.tier.drop([key + self._suffix for key in drops])
+            values = self.codec.pack([block_id for _, block_id, _ in saves])
+        except Exception:
+            logger.exception("agent-hints tier: save of %d blocks failed", len(saves))
+            self._report.failed_saves.extend(key for key, _, _ in saves)
+            return
+        for (key, _, pin_s), value in zip(saves, values, strict=True):
+            try:
+                if self.tier.put(key + self._suffix, value, pin_s):
+                    self._report.bytes_saved += value.numel()
+                    continue
+            except Exception:
+                logger.exception("agent-hints tier: put failed")
+            self._report.failed_saves.append(key)
+
+    def take_report(self) -> TierReport | None:
+        report, self._report = self._report, TierReport()
+        if report.failed_saves or report.failed_loads or report.bytes_saved or report.bytes_loaded:
+            return report
+        return None

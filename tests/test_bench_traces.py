@@ -1,0 +1,256 @@
+"""The replay benchmark's pure parts: trace parsing, token mapping, theoretical
+reuse, sub-agent branches and past-only gap hints (against a stub transport)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from benchmarks._replay import PastGaps, ReplaySettings, RequestRecord, replay
+from benchmarks._traces import (
+    FIRST_ID,
+    ROOT,
+    Fork,
+    PrefixIndex,
+    TokenMapper,
+    Trace,
+    TraceRequest,
+    fits,
+    parse_trace,
+    select_traces,
+    theoretical_cached,
+    truncate,
+)
+from hints_spec import HEADER_NAME, parse_header
+
+
+def _req(hash_ids: list[int], think: float = 0.0, t: float = 0.0, out: int = 64) -> dict[str, Any]:
+    return {"type": "n", "t": t, "in": 64 * len(hash_ids), "out": out, "hash_ids": hash_ids,
+            "think_time": think}  # fmt: skip
+
+
+def _sub(agent_id: str, duration_s: float, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "subagent", "t": 0.0, "agent_id": agent_id,
+            "duration_ms": duration_s * 1000, "requests": requests}  # fmt: skip
+
+
+# -- token mapping
+
+
+def test_mapping_is_deterministic_and_avoids_special_ids() -> None:
+    a = TokenMapper("trace_x", 4).prompt(range(500))
+    b = TokenMapper("trace_x", 4).prompt(range(500))
+    assert a == b
+    assert len(a) == 2000
+    assert min(a) >= FIRST_ID and max(a) < 2048
+
+
+def test_mapping_preserves_prefix_sharing_exactly() -> None:
+    m = TokenMapper("t", 4)
+    x, y = m.prompt([1, 2, 3, 4]), m.prompt([1, 2, 3, 9])
+    assert x[:12] == y[:12] and x[12:] != y[12:]
+    assert m.prompt([7]) == list(m.block(7))
+    # Hash ids are trace-local: another trace's id 1 is other tokens.
+    assert TokenMapper("u", 4).prompt([1, 2]) != m.prompt([1, 2])
+    with pytest.raises(ValueError):
+        TokenMapper("t", 5)
+
+
+# -- theoretical reuse
+
+
+def test_theoretical_reuse_counts_whole_blocks_of_earlier_prompts() -> None:
+    m = TokenMapper("t", 4)  # block_size 8 = 2 hash ids per block
+    prompts = [
+        m.prompt([1, 2, 3, 4, 5]),  # 20 tokens: blocks [1,2] [3,4] full; nothing before it
+        m.prompt([1, 2, 3, 4, 6, 7]),  # 24 tokens: shares 2 full blocks
+        m.prompt([1, 2, 3, 4, 6, 7]),  # identical: last token always computed -> 2 blocks
+        m.prompt([1, 2, 9, 9]),  # diverges in block 1
+        m.prompt([1, 3, 3, 4]),  # diverges in block 0
+        m.prompt([1, 2, 3, 4, 6, 7, 8, 8, 1]),  # 3 blocks of prompt 2 (prompt 3 added none)
+    ]
+    assert theoretical_cached(prompts, 8) == [0, 16, 16, 8, 0, 24]
+    index = PrefixIndex(8)
+    for p in prompts:
+        index.add(p)
+    assert index.blocks == 2 + 1 + 1 + 2 + 1  # distinct full blocks
+
+
+# -- parsing, sub-agents, truncation
+
+_TRACE = {
+    "id": "trace_demo",
+    "requests": [
+        _req([1, 2]),
+        _req([1, 2, 3], think=2.0),
+        _sub("agent_001", 5.0, [_req([50, 51], t=0.0), _req([50, 51, 52], think=1.0, t=1.5)]),
+        _sub("agent_002", 8.0, [_req([50, 60], t=0.0)]),
+        _req([1, 2, 3, 4], think=9.0),
+    ],
+}
+
+
+def test_consecutive_subagents_become_one_parallel_fork() -> None:
+    trace = parse_trace(_TRACE)
+    kinds = [type(s).__name__ for s in trace.steps]
+    assert kinds == ["TraceRequest", "TraceRequest", "Fork", "TraceRequest"]
+    fork = trace.steps[2]
+    assert isinstance(fork, Fork)
+    assert [a.agent_id for a in fork.agents] == ["agent_001", "agent_002"]
+    assert fork.duration_s == 8.0
+    assert [b for b, _ in trace.branches()] == [ROOT, "agent_001", "agent_002"]
+    assert trace.num_requests == 6
+    order = [(b, r.hash_ids) for b, r in trace.ordered()]
+    assert order[2:5] == [
+        ("agent_001", (50, 51)),
+        ("agent_002", (50, 60)),
+        ("agent_001", (50, 51, 52)),
+    ]
+
+
+def test_truncate_keeps_the_prefix_that_fits_and_never_ends_on_a_fork() -> None:
+    trace = parse_trace(_TRACE)
+    assert truncate(trace, 4, 12).steps == trace.steps[:2]  # 4-id prompt = 16 tokens > 12
+    assert [type(s) for s in truncate(trace, 4, 1000, max_requests=1).steps] == [TraceRequest]
+    short = truncate(trace, 4, 8)  # only 2-id prompts fit; agent_001 keeps its first
+    assert len(short.steps) == 1
+    assert not fits(TraceRequest((1, 2, 3), 1, 0.0, 0.0), 4, 11)
+
+
+def _stub(
+    seen: list[tuple[float, dict[str, Any], str | None]], clock: list[float]
+) -> httpx2.MockTransport:
+    """A completions endpoint that streams one token and usage, logging each request."""
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        body = json.loads(request.content)
+        seen.append((clock[0], body, request.headers.get(HEADER_NAME)))
+        chunks = [
+            {"choices": [{"index": 0, "text": "x"}]},
+            {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1,
+                                      "prompt_tokens_details": {"cached_tokens": 0}}},
+        ]  # fmt: skip
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx2.Response(
+            200, content=text.encode(), headers={"content-type": "text/event-stream"}
+        )
+
+    return httpx2.MockTransport(handle)
+
+
+def _run(
+    traces: list[Trace], **settings: Any
+) -> tuple[list[RequestRecord], list[tuple[float, dict[str, Any], str | None]]]:
+    """Replay against the stub on a fake clock: sleeping advances it exactly."""
+    clock = [0.0]
+    seen: list[tuple[float, dict[str, Any], str | None]] = []
+
+    async def sleep(seconds: float) -> None:
+        clock[0] += seconds
+        await asyncio.sleep(0)
+
+    async def go() -> list[RequestRecord]:
+        async with httpx2.AsyncClient(transport=_stub(seen, clock)) as client:
+            s = ReplaySettings(base_url="http://stub", **settings)
+            return await replay(traces, s, client, clock=lambda: clock[0], sleep=sleep)
+
+    return asyncio.run(go()), seen
+
+
+def test_subagents_replay_as_branches_and_the_parent_resumes_after_them() -> None:
+    records, seen = _run([parse_trace(_TRACE)], hints=True, time_scale=1.0)
+    assert not [r for r in records if r.error]
+    hints = [parse_header(h or "") for _, _, h in seen]
+    branches = [(h.br, h.pbr, h.end) for h in hints]
+    assert branches[:2] == [(ROOT, None, False), (ROOT, None, False)]
+    assert sorted(branches[2:5], key=str) == sorted(
+        [("agent_001", ROOT, False), ("agent_002", ROOT, True), ("agent_001", ROOT, True)], key=str
+    )
+    assert branches[5] == (ROOT, None, True)  # the root's last request ends the session
+    assert {h.sid for h in hints} == {"trace_demo"}
+    # The root resumed after both sub-agents (the longer took 1 s of waits) plus
+    # its residual think: 9 s minus the 8 s the trace's fork lasted.
+    fork_end = max(t for t, _, h in seen[2:5])
+    assert seen[5][0] == pytest.approx(fork_end + 1.0)
+    # Prompts: k ids per hash id, max_tokens = out/16 in [1, 32].
+    assert [len(b["prompt"]) for _, b, _ in seen][:2] == [8, 12]
+    assert {b["max_tokens"] for _, b, _ in seen} == {4}
+    assert all(b["stream"] and b["stream_options"]["include_usage"] for _, b, _ in seen)
+    assert [r.theoretical_cached for r in records][:2] == [0, 0]  # 12-token prompt: < 1 block
+
+
+def test_gap_hint_uses_only_past_think_times() -> None:
+    huge = 100_000.0
+    trace = parse_trace(
+        {
+            "id": "trace_gap",
+            "requests": [
+                _req([1]),
+                _req([1, 2], think=40.0),
+                _req([1, 2, 3], think=60.0),
+                _req([1, 2, 3, 4], think=huge),
+                _req([1, 2, 3, 4, 5], think=20.0),
+            ],
+        }
+    )
+    records, seen = _run([trace], hints=True, time_scale=20.0, max_think_s=10_000.0)
+    gaps = [parse_header(h or "").gap for _, _, h in seen]
+    # Prior (10 s / 20), then the median of the gaps observed before sending.
+    assert gaps == [0.5, 2.0, 2.5, 3.0, 2.5]
+    # Request 2 is followed by the huge think: its hint knows only 2 s and 3 s.
+    assert seen[3][0] - seen[2][0] == pytest.approx(huge / 20)
+    before_huge = records[2].hint or ""
+    assert "gap=2.5" in before_huge and "5000" not in before_huge
+    # Once past, the 5000 s gap is one observation among others.
+    assert gaps[3] == 3.0
+
+
+def test_plain_configs_send_no_hints_and_waits_are_capped() -> None:
+    trace = parse_trace({"id": "t", "requests": [_req([1]), _req([1, 2], think=1e6)]})
+    records, seen = _run([trace], hints=False, time_scale=10.0, max_think_s=3.0)
+    assert [h for _, _, h in seen] == [None, None]
+    assert seen[1][0] == pytest.approx(3.0)
+    assert [r.hint for r in records] == [None, None]
+
+
+def test_past_gaps_median() -> None:
+    gaps = PastGaps(prior_s=0.5)
+    assert gaps.estimate() == 0.5
+    for g in (1.0, 9.0, 2.0):
+        gaps.observe(g)
+    assert gaps.estimate() == 2.0
+
+
+# -- the real development traces
+
+
+def test_default_selection_fits_and_is_deterministic(traces_dir: Path) -> None:
+    first = select_traces(traces_dir, 4, 8192 - 32)
+    again = select_traces(traces_dir, 4, 8192 - 32)
+    assert [t.trace_id for t in first] == [t.trace_id for t in again]
+    assert len(first) == 8
+    assert all(fits(r, 4, 8192 - 32) for t in first for _, r in t.ordered())
+    assert any(isinstance(s, Fork) for t in first for s in t.steps)  # sub-agents included
+
+
+def test_tenant_per_trace_sends_one_api_key_per_session() -> None:
+    keys: list[str | None] = []
+    inner = _stub([], [0.0])
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        keys.append(request.headers.get("authorization"))
+        return inner.handle_request(request)
+
+    async def go() -> None:
+        async with httpx2.AsyncClient(transport=httpx2.MockTransport(handle)) as client:
+            traces = [parse_trace({"id": i, "requests": [_req([1])]}) for i in ("a", "b")]
+            s = ReplaySettings(base_url="http://stub", tenant_per_trace=True)
+            await replay(traces, s, client)
+
+    asyncio.run(go())
+    assert sorted(k or "" for k in keys) == ["Bearer a", "Bearer b"]

@@ -1,0 +1,108 @@
+"""Prefetch on a real vLLM CPU server: a warm-up brings an evicted session back.
+
+48 blocks of 64 tokens and ``max_held_fraction`` 0.2 (9 blocks): retention alone
+cannot keep a 1,024-token (16-block) session through a flood of unrelated
+prompts. With the hints saying the session is back in 3 s, the prefetcher
+re-prefills its prompt once the flood is over, before it returns; a session
+whose return is not due yet (gap 600 s) gets no warm-up and stays evicted.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from server_ext import LocalServer, local_server
+
+pytestmark = pytest.mark.server
+
+PROMPT = 1024  # tokens: 16 full blocks
+
+
+@pytest.fixture(scope="module")
+def server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    with local_server(
+        test_model_dir,
+        kv_blocks=48,
+        max_model_len=2048,
+        extra_config={"prefetch": True, "max_held_fraction": 0.2},
+        log_dir=tmp_path_factory.mktemp("prefetch-logs"),
+    ) as server:
+        yield server
+
+
+def tokens(seed: int, n: int = PROMPT) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(8, 2000) for _ in range(n)]
+
+
+def complete(server: LocalServer, prompt: list[int], hints: str | None = None) -> int:
+    """Send a token-id completion; return its cached prompt tokens."""
+    status, reply = server.post_json(
+        "/v1/completions",
+        {"model": server.model, "prompt": prompt, "max_tokens": 2},
+        {"Agent-Hints": hints} if hints else {},
+    )
+    assert status == 200, reply
+    assert isinstance(reply, dict)
+    return int(reply["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
+
+
+def prefetches(server: LocalServer) -> dict[str, float]:
+    """``agent_hints_prefetch_total`` by result."""
+    with urllib.request.urlopen(server.root_url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = re.findall(r'^agent_hints_prefetch_total\{result="(\w+)"\} (\S+)$', text, re.M)
+    return {result: float(value) for result, value in found}
+
+
+def scenario(server: LocalServer, sid: str, gap: float, seed: int) -> dict[str, float]:
+    """Session prompt, a concurrent flood, idle past the gap (and past the warm-up,
+    if any), the return. Reports the return's cached tokens, timings and deltas
+    of the prefetch and engine counters."""
+    before = {**prefetches(server), **server.metrics()}
+    session = tokens(seed)
+    hints = f'v=1, sid="{sid}", gap={gap}'
+    assert complete(server, session, hints) == 0
+    departed = time.monotonic()
+    with ThreadPoolExecutor(6) as pool:  # all in flight at once: the engine is busy
+        list(pool.map(lambda i: complete(server, tokens(seed * 100 + i)), range(6)))
+    flood_s = time.monotonic() - departed
+    deadline = departed + 20.0
+    while time.monotonic() < departed + 5.0 or (  # idle > the 3 s gap ...
+        gap < 60  # ... and, when one is due, until the warm-up is done
+        and prefetches(server).get("completed", 0) == before.get("completed", 0)
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    cached = complete(server, session + tokens(seed + 1, 64), hints)
+    returned_s = time.monotonic() - departed
+    time.sleep(1.0)  # engine stats reach /metrics with the steps after the return
+    after = {**prefetches(server), **server.metrics()}
+    status, _ = server.post_json(
+        "/v1/agent-hints/events", {"v": 1, "sid": sid, "events": [{"type": "end"}]}
+    )
+    assert status == 200
+    names = ("issued", "completed", "cancelled", "skipped", "failed")
+    names += ("agent_hints_holds_total", "agent_hints_returns_total")
+    deltas = {n: after.get(n, 0) - before.get(n, 0) for n in names}
+    return {"cached": cached, "flood_s": flood_s, "returned_s": returned_s, **deltas}
+
+
+def test_warmup_brings_an_evicted_session_back_before_it_returns(server: LocalServer) -> None:
+    warm = scenario(server, "due", gap=3, seed=1)
+    cold = scenario(server, "not-due", gap=600, seed=2)
+    print(f"\nwith a warm-up: {warm}\nwithout: {cold}")
+    assert (warm["issued"], warm["completed"]) == (1, 1), warm
+    assert warm["cached"] >= PROMPT - 64, (warm, cold)
+    # The warm-up retained the branch again and its real return released that
+    # retention (the flood had released the first one).
+    assert warm["agent_hints_returns_total"] == 1, warm
+    assert cold["issued"] == 0 and cold["cached"] < PROMPT // 2, cold

@@ -1,0 +1,291 @@
+"""Unit tests of the KV tier: host pool, key index, codec, planner, worker, guard."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from server_ext.tier import (
+    BlockCodec,
+    BlockProgress,
+    GuardedTier,
+    HostTier,
+    KeyIndex,
+    KVTier,
+    TierConfig,
+    TierConfigError,
+    TierPlanner,
+    TierWorker,
+    block_key,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def blob(seed: int, n: int = 100) -> torch.Tensor:
+    return torch.full((n,), seed % 256, dtype=torch.uint8)
+
+
+def test_host_tier_keeps_to_budget_lru_first() -> None:
+    tier = HostTier(budget_bytes=300)
+    for k in ("a", "b", "c"):
+        assert tier.put(k, blob(1))
+    assert tier.get("a") is not None  # a is now most recently used
+    assert tier.put("d", blob(2))
+    assert tier.bytes_used == 300
+    assert tier.contains(["a", "c", "d"]) == 3
+    assert tier.get("b") is None  # the LRU key went
+    assert tier.stats.evictions == 1
+    assert not tier.put("huge", blob(3, 301))  # larger than the whole budget
+    assert tier.contains(["a", "c", "d"]) == 3
+
+
+def test_contains_counts_leading_keys_only() -> None:
+    tier = HostTier(budget_bytes=None)
+    tier.put("a", blob(1))
+    tier.put("c", blob(1))
+    assert tier.contains(["a", "b", "c"]) == 1
+    assert tier.contains([]) == 0
+
+
+def test_soft_pins_are_evicted_last_and_expire() -> None:
+    clock = Clock()
+    tier = HostTier(budget_bytes=200, clock=clock)
+    tier.put("pinned", blob(1), pin_s=60)
+    tier.put("plain", blob(2))
+    tier.put("new", blob(3))  # evicts "plain", though "pinned" is older
+    assert tier.contains(["pinned", "new"]) == 2
+    tier.put("newer", blob(4), pin_s=60)
+    assert tier.contains(["pinned", "newer"]) == 2  # the unpinned one went again
+    tier.put("newest", blob(5), pin_s=60)  # all pinned: soft pins yield, LRU first
+    assert tier.contains(["pinned"]) == 0
+    assert tier.contains(["newer", "newest"]) == 2
+    index = KeyIndex(200, clock)
+    index.add("p", 100, pin_s=10)
+    index.add("q", 100)
+    clock.now = 11  # the pin expired: plain LRU again
+    assert index.add("r", 100) == ["p"]
+
+
+def test_checksum_mismatch_is_a_miss_never_corrupt_kv() -> None:
+    tier = HostTier(budget_bytes=None)
+    value = blob(7)
+    tier.put("k", value)
+    value[3] ^= 0xFF  # the stored bytes rot (put keeps the tensor it was given)
+    assert tier.get("k") is None
+    assert tier.stats.corrupt == 1
+    assert tier.contains(["k"]) == 0
+
+
+def test_keys_are_salted_by_tenant_and_namespace() -> None:
+    h = b"\x01" * 32
+    keys = {
+        block_key("model-a|64", "alice", h),
+        block_key("model-a|64", "bob", h),
+        block_key("model-b|64", "alice", h),
+        block_key("model-a|64", "alice", b"\x02" * 32),
+    }
+    assert len(keys) == 4
+    assert block_key("model-a|64", "alice", h) == block_key("model-a|64", "alice", h)
+    # Length-prefixed: moving a separator between fields changes the key.
+    assert block_key("ab", "c", h) != block_key("a", "bc", h)
+
+
+def kv_caches(layers: int = 2, blocks: int = 6, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        f"layer.{i}": torch.randn(2, blocks, 4, 8, 16, generator=g).to(torch.bfloat16)
+        for i in range(layers)
+    }
+
+
+def test_codec_round_trips_every_layer() -> None:
+    source = kv_caches(seed=1)
+    target = kv_caches(seed=2)
+    codec = BlockCodec(source, num_blocks=6)
+    packed = codec.pack([4, 1])
+    assert [p.numel() for p in packed] == [codec.block_bytes] * 2
+    assert codec.block_bytes == 2 * (2 * 4 * 8 * 16 * 2)
+    into = BlockCodec(target, num_blocks=6)
+    into.unpack(packed[0], 0)
+    into.unpack(packed[1], 5)
+    for name in source:
+        assert torch.equal(target[name][:, 0], source[name][:, 4])
+        assert torch.equal(target[name][:, 5], source[name][:, 1])
+    with pytest.raises(ValueError):
+        into.unpack(packed[0][:-2], 0)
+
+
+def test_codec_handles_kernel_blocks_smaller_than_vllm_blocks() -> None:
+    source = {"l": torch.arange(2 * 8 * 3, dtype=torch.float32).reshape(2, 8, 3, 1, 1)}
+    target = {"l": torch.zeros(2, 8, 3, 1, 1)}
+    packed = BlockCodec(source, num_blocks=4).pack([1])  # kernel blocks 2 and 3
+    BlockCodec(target, num_blocks=4).unpack(packed[0], 3)  # into kernel blocks 6 and 7
+    assert torch.equal(target["l"][:, 6:8], source["l"][:, 2:4])
+
+
+BS = 4  # tokens per block in the planner tests
+
+
+def planner(budget_blocks: int | None = None) -> TierPlanner:
+    budget = None if budget_blocks is None else budget_blocks * 10
+    return TierPlanner(KeyIndex(budget), "ns", BS, 10, owns_eviction=True)
+
+
+HASHES = [bytes([i]) * 8 for i in range(8)]
+
+
+def test_planner_saves_full_blocks_once_then_loads_them() -> None:
+    plan = planner()
+    plan.track("r1", "t", pin_s=0)
+    assert plan.lookup("r1", HASHES[:4], num_tokens=17, num_computed=0) == 0
+    plan.allocated("r1", [10, 11, 12, 13, 14], 0)
+    ops = plan.step([BlockProgress("r1", HASHES[:4], [10, 11, 12, 13, 14], 9)])
+    assert [b for _, b, _ in ops.saves] == [10, 11]  # 9 tokens: two full blocks
+    ops = plan.step([BlockProgress("r1", HASHES[:4], [10, 11, 12, 13, 14], 17)])
+    assert [b for _, b, _ in ops.saves] == [12, 13]
+    plan.finished("r1")
+
+    # The same prefix returns with 2 blocks still on device: the tier has the
+    # other 2, and the last prompt token is always left to compute.
+    plan.track("r2", "t", pin_s=0)
+    assert plan.lookup("r2", HASHES[:4], num_tokens=16, num_computed=8) == 4
+    assert plan.lookup("r2", HASHES[:4], num_tokens=17, num_computed=8) == 8
+    plan.allocated("r2", [20, 21, 22, 23, 24], 8)
+    ops = plan.step([BlockProgress("r2", HASHES[:4], [20, 21, 22, 23, 24], 17)])
+    assert [b for _, b in ops.loads] == [22, 23]
+    assert ops.saves == []  # blocks 0-1 and the loaded 2-3 are all in the tier
+    assert plan.counters.hits == 2
+
+    # Another tenant never sees them.
+    plan.track("r3", "other", pin_s=0)
+    assert plan.lookup("r3", HASHES[:4], num_tokens=17, num_computed=0) == 0
+
+
+def test_planner_drops_evictions_and_forgets_failures() -> None:
+    plan = planner(budget_blocks=2)
+    plan.track("r", "t", pin_s=0)
+    ops = plan.step([BlockProgress("r", HASHES[:3], [1, 2, 3], 12)])
+    # Three saves into a two-block budget: the first is evicted in the same
+    # step, so it is simply not saved (and needs no drop).
+    assert [b for _, b, _ in ops.saves] == [2, 3]
+    assert ops.drops == []
+    plan.track("s", "t", pin_s=0)
+    ops = plan.step([BlockProgress("s", HASHES[4:5], [9], 4)])
+    assert len(ops.drops) == 1 and len(ops.saves) == 1
+    plan.worker_report([ops.saves[0][0]], [], 0, 0)
+    assert len(plan.index) == 1
+    assert plan.counters.save_failures == 1
+
+
+def test_planner_untracked_requests_never_touch_the_tier() -> None:
+    plan = planner()
+    assert plan.lookup("x", HASHES, 33, 0) == 0
+    assert not plan.step([BlockProgress("x", HASHES, list(range(8)), 32)])
+
+
+def test_worker_moves_blocks_and_reports_failures() -> None:
+    source, target = kv_caches(seed=3), kv_caches(seed=4)
+    tier = HostTier(budget_bytes=None)
+    saver = TierWorker(tier, BlockCodec(source, 6), key_suffix="/tp0")
+    saver.save([("k1", 2, 0.0), ("k2", 3, 0.0)], drops=[])
+    loader = TierWorker(tier, BlockCodec(target, 6), key_suffix="/tp0")
+    assert loader.load([("k1", 0), ("k2", 1), ("missing", 5)]) == {5}
+    for name in source:
+        assert torch.equal(target[name][:, 0:2], source[name][:, 2:4])
+    report = loader.take_report()
+    assert report is not None and report.failed_loads == ["missing"]
+    assert report.bytes_loaded == 2 * loader.codec.block_bytes
+    saver.save([], drops=["k1"])
+    assert tier.contains(["k1/tp0"]) == 0
+
+
+class BrokenTier:
+    """A tier whose every call raises or hangs."""
+
+    def __init__(self, hang: threading.Event | None = None) -> None:
+        self.hang = hang
+        self.calls = 0
+
+    def _fail(self) -> None:
+        self.calls += 1
+        if self.hang is not None:
+            self.hang.wait(5)
+        raise ConnectionError("store down")
+
+    def contains(self, keys: Sequence[str]) -> int:
+        self._fail()
+        return 0
+
+    def put(self, key: str, value: torch.Tensor, pin_s: float = 0.0) -> bool:
+        self._fail()
+        return False
+
+    def get(self, key: str) -> torch.Tensor | None:
+        self._fail()
+        return None
+
+    def drop(self, keys: Sequence[str]) -> None:
+        self._fail()
+
+    @property
+    def bytes_used(self) -> int:
+        return 0
+
+    @property
+    def stats(self) -> HostTier:  # type: ignore[override]
+        raise NotImplementedError
+
+
+def test_guard_turns_failures_and_hangs_into_misses() -> None:
+    clock = Clock()
+    broken = BrokenTier()
+    tier: KVTier = GuardedTier(lambda: broken, timeout_s=0.5, cooldown_s=10, clock=clock)
+    assert tier.get("k") is None
+    assert not tier.put("k", blob(1))  # breaker open: no call reaches the store
+    assert broken.calls == 1
+    clock.now = 11
+    assert tier.contains(["k"]) == 0
+    assert broken.calls == 2
+
+    release = threading.Event()
+    hung = GuardedTier(lambda: BrokenTier(release), timeout_s=0.2, cooldown_s=0, clock=clock)
+    assert hung.get("k") is None  # timed out
+    assert hung.get("k") is None  # the helper is still stuck: a miss at once
+    release.set()
+
+
+def test_factory_failure_is_contained_and_retried() -> None:
+    clock = Clock()
+    attempts: list[int] = []
+
+    def factory() -> KVTier:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConnectionError("master not up yet")
+        return HostTier(None)
+
+    tier = GuardedTier(factory, timeout_s=1, cooldown_s=5, clock=clock)
+    assert not tier.put("k", blob(1))
+    clock.now = 6
+    assert tier.put("k", blob(1))
+    assert tier.get("k") is not None
+
+
+def test_tier_config() -> None:
+    assert TierConfig.from_mapping({}) is None
+    config = TierConfig.from_mapping({"tier": "host", "tier_bytes": 1 << 20})
+    assert config is not None and config.budget_bytes == 1 << 20
+    for bad in ({"tier": "disk"}, {"tier": "host", "tier_bytes": 0},
+                {"tier": "mooncake", "mooncake_master": 5}):  # fmt: skip
+        with pytest.raises(TierConfigError):
+            TierConfig.from_mapping(bad)

@@ -1,0 +1,180 @@
+"""The KV tier on a real vLLM CPU server (48 blocks of 64 tokens).
+
+A 1,536-token session prefix (24 blocks) is retained, released under pressure by
+two 1,900-token floods and evicted from device; when the session returns its
+prefix comes back from the tier, and greedy output over the loaded KV equals
+the output over the device-cached KV, so the loaded KV is what was stored.
+With Mooncake, the master is then killed: every request is still served.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from server_ext import LocalServer, local_server
+from server_ext.tier import MooncakeMaster, MooncakeUnavailable, local_mooncake_master
+
+pytestmark = pytest.mark.server
+
+BLOCKS = 48
+SESSION = 1536  # tokens: 24 full blocks
+FLOOD = 1900  # tokens: 30 blocks, so retention must yield to it
+
+
+@contextmanager
+def tier_server(
+    model_dir: Path, log_dir: Path, tier: Mapping[str, object]
+) -> Iterator[LocalServer]:
+    with local_server(
+        model_dir,
+        kv_blocks=BLOCKS,
+        max_model_len=2048,
+        # Retention may hold the whole session, so the flood must release it.
+        extra_config={**tier, "max_held_fraction": 1.0, "max_tenant_fraction": 1.0},
+        log_dir=log_dir,
+        startup_timeout=600,  # the 2 cores are shared with other workers' servers
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def host_server(
+    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
+    tier = {"tier": "host", "tier_bytes": 64 << 20}
+    with tier_server(test_model_dir, tmp_path_factory.mktemp("tier-logs"), tier) as server:
+        yield server
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(8, 2000) for _ in range(n)]
+
+
+@dataclass
+class Reply:
+    text: str
+    cached: int
+    seconds: float
+
+
+def complete(server: LocalServer, prompt: list[int], hints: str | None = None) -> Reply:
+    start = time.perf_counter()
+    status, reply = server.post_json(
+        "/v1/completions",
+        {"model": server.model, "prompt": prompt, "max_tokens": 8, "temperature": 0},
+        {"Agent-Hints": hints} if hints else None,
+    )
+    seconds = time.perf_counter() - start
+    assert status == 200, reply
+    assert isinstance(reply, dict)
+    cached = int(reply["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
+    return Reply(reply["choices"][0]["text"], cached, seconds)
+
+
+def metric(server: LocalServer, name: str) -> float:
+    return server.metrics().get(name, 0.0)
+
+
+def wait_metric(server: LocalServer, name: str, at_least: float, timeout: float = 20.0) -> float:
+    deadline = time.monotonic() + timeout
+    while (value := metric(server, name)) < at_least and time.monotonic() < deadline:
+        time.sleep(0.25)
+    return value
+
+
+def evict(server: LocalServer, seed: int) -> None:
+    """Two unhinted floods: retention releases the session, LRU evicts it."""
+    before = metric(server, "agent_hints_pressure_releases_total")
+    for i in range(2):
+        complete(server, tokens(seed + i, FLOOD))
+    assert metric(server, "agent_hints_pressure_releases_total") > before
+
+
+def check_returns_from_tier(server: LocalServer, sid: str, seed: int) -> None:
+    session = tokens(seed, SESSION)
+    hints = f'v=1, sid="{sid}", gap=30'
+    cold = complete(server, session, hints)
+    assert cold.cached == 0
+    assert wait_metric(server, "agent_hints_tier_bytes_moved_total", 1) > 0
+    device = complete(server, session, hints)  # device prefix cache: the reference
+    assert device.cached == SESSION - 64
+
+    hits_before = metric(server, "agent_hints_tier_hits_total")
+    evict(server, seed * 10)
+    loaded = complete(server, session, hints)
+    tier_blocks = wait_metric(server, "agent_hints_tier_hits_total", hits_before + 1) - hits_before
+    after = server.metrics()
+    print(
+        f"\n[{sid}] cold {cold.seconds * 1000:.0f} ms, device hit {device.seconds * 1000:.0f} ms,"
+        f" tier load {loaded.seconds * 1000:.0f} ms; cached {loaded.cached} tokens,"
+        f" {tier_blocks:.0f} blocks from the tier; bytes moved"
+        f" {after['agent_hints_tier_bytes_moved_total']:.0f}"
+    )
+    assert tier_blocks >= (SESSION // 64) * 3 // 4  # most of the prefix left the device
+    assert loaded.cached == SESSION - 64  # vLLM counts loaded tokens as cached
+    # Greedy output over the loaded KV equals the output when it was computed
+    # (cold) and over the device-cached KV: the loaded KV is what was stored.
+    assert loaded.text == device.text == cold.text
+    assert after["agent_hints_tier_load_failures_total"] == 0
+    assert after["agent_hints_faults_total"] == 0
+
+
+def end(server: LocalServer, sid: str) -> None:
+    control = {"v": 1, "sid": sid, "events": [{"type": "end"}]}
+    assert server.post_json("/v1/agent-hints/events", control)[0] == 200
+
+
+def test_evicted_prefix_returns_from_the_host_tier(host_server: LocalServer) -> None:
+    check_returns_from_tier(host_server, "host", seed=1)
+    end(host_server, "host")
+
+
+def test_unhinted_requests_stay_out_of_the_tier(host_server: LocalServer) -> None:
+    before = metric(host_server, "agent_hints_tier_bytes_moved_total")
+    prompt = tokens(9, 640)
+    complete(host_server, prompt)
+    complete(host_server, prompt)
+    time.sleep(0.5)
+    assert metric(host_server, "agent_hints_tier_bytes_moved_total") == before
+
+
+@pytest.fixture
+def mooncake() -> Iterator[MooncakeMaster]:
+    try:
+        with local_mooncake_master() as master:
+            yield master
+    except MooncakeUnavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.mooncake
+def test_mooncake_tier_loads_and_a_dead_master_never_fails_a_request(
+    mooncake: MooncakeMaster, test_model_dir: Path, tmp_path: Path
+) -> None:
+    tier = {"tier": "mooncake", "mooncake_master": mooncake.address, "tier_timeout_s": 1.0}
+    with tier_server(test_model_dir, tmp_path, tier) as server:
+        check_returns_from_tier(server, "moon", seed=5)
+        reference = complete(server, tokens(5, SESSION), 'v=1, sid="moon", gap=30').text
+
+        mooncake.stop()
+        evict(server, seed=70)  # the planned loads will now fail
+        again = complete(server, tokens(5, SESSION), 'v=1, sid="moon", gap=30')
+        assert again.text == reference  # recomputed, not served from missing KV
+        for seed in range(80, 84):
+            complete(server, tokens(seed, 700), f'v=1, sid="dead-{seed}", gap=5')
+        after = server.metrics()
+        print(
+            f"\n[dead master] failed loads {after['agent_hints_tier_load_failures_total']:.0f},"
+            f" failed saves {after['agent_hints_tier_save_failures_total']:.0f},"
+            f" return after kill {again.seconds * 1000:.0f} ms"
+        )
+        assert after["agent_hints_tier_load_failures_total"] > 0
+        assert after["agent_hints_faults_total"] == 0
