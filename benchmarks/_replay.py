@@ -1,0 +1,251 @@
+"""The replay client: every trace is a session, all sessions run concurrently.
+
+A session sends its root requests in order, waiting each request's scaled think
+time after the previous response; at a fork its sub-agents run as branches
+(``br=agent_id``, ``pbr="root"``) with their own request sequences, and the root
+resumes after the last of them. With hints on, every request carries an
+``Agent-Hints`` header whose ``gap`` is built only from think times this session
+already observed, never from the trace's future, and each branch's last request
+says ``end``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import httpx2
+
+from hints_spec import HEADER_NAME, AgentHints, serialize_header
+
+from ._traces import ROOT, Fork, PrefixIndex, TokenMapper, Trace, TraceRequest
+
+__all__ = [
+    "PastGaps",
+    "ReplaySettings",
+    "RequestRecord",
+    "hint_header",
+    "replay",
+]
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySettings:
+    """How traces become requests.
+
+    Args:
+        base_url: The server, e.g. ``http://127.0.0.1:8000``.
+        k: Token ids per trace hash id (64 tokens): ``k=4`` is 1/16 scale.
+        time_scale: Think times are divided by this.
+        max_think_s: Cap on one scaled wait, s.
+        max_out: Cap on ``max_tokens``, so decoding does not dominate.
+        hints: Send ``Agent-Hints`` (the extension configuration only).
+        block_size: Server KV block size, for the theoretical reuse.
+        concurrency: Sessions in flight at once (None: all).
+        tenant_per_trace: Each session sends its own API key (``Bearer <trace
+            id>``), as independent users would; the extension then budgets each
+            as a tenant. Plain vLLM without ``--api-key`` ignores it.
+    """
+
+    base_url: str
+    model: str = "tiny"
+    k: int = 4
+    time_scale: float = 20.0
+    max_think_s: float = 30.0
+    max_out: int = 32
+    hints: bool = False
+    block_size: int = 64
+    vocab_size: int = 2048
+    concurrency: int | None = None
+    tenant_per_trace: bool = False
+    request_timeout_s: float = 900.0
+
+    def wait_s(self, think_time: float) -> float:
+        return min(max(think_time, 0.0) / self.time_scale, self.max_think_s)
+
+    def max_tokens(self, out: int) -> int:
+        """The trace's output length at ``k/64`` scale, in ``[1, max_out]``."""
+        return max(1, min(out * self.k // 64, self.max_out))
+
+    @property
+    def prior_gap_s(self) -> float:
+        """Gap assumed before a session has shown any: a typical 10 s think."""
+        return self.wait_s(10.0)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One replayed request; ``sent_at`` is s from the start of the run."""
+
+    trace_id: str
+    branch: str
+    seq: int
+    sent_at: float
+    prompt_tokens: int
+    max_tokens: int
+    theoretical_cached: int
+    hint: str | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    error: str | None = None
+
+
+class PastGaps:
+    """A session's observed gaps (response -> next request of the same
+    branch); the hint is their median, ``prior_s`` before the first."""
+
+    def __init__(self, prior_s: float) -> None:
+        self._prior = prior_s
+        self._seen: list[float] = []
+
+    def observe(self, gap_s: float) -> None:
+        self._seen.append(max(gap_s, 0.0))
+
+    def estimate(self) -> float:
+        return statistics.median(self._seen) if self._seen else self._prior
+
+
+def hint_header(sid: str, br: str, pbr: str | None, gap_s: float, end: bool) -> str:
+    return serialize_header(AgentHints(sid=sid, br=br, pbr=pbr, gap=round(gap_s, 3), end=end))
+
+
+class _Session:
+    def __init__(
+        self,
+        trace: Trace,
+        settings: ReplaySettings,
+        client: httpx2.AsyncClient,
+        index: PrefixIndex,
+        records: list[RequestRecord],
+        clock: Clock,
+        sleep: Sleep,
+        start: float,
+    ) -> None:
+        self.trace = trace
+        self.settings = settings
+        self.client = client
+        self.index = index
+        self.records = records
+        self.clock = clock
+        self.sleep = sleep
+        self.start = start
+        self.mapper = TokenMapper(trace.trace_id, settings.k, settings.vocab_size)
+        self.gaps = PastGaps(settings.prior_gap_s)
+
+    async def run(self) -> None:
+        await self._branch(ROOT, None, self.trace.steps)
+
+    async def _branch(self, br: str, pbr: str | None, steps: Sequence[TraceRequest | Fork]) -> None:
+        last = max(i for i, s in enumerate(steps) if isinstance(s, TraceRequest))
+        returned: float | None = None
+        forked_s = 0.0
+        seq = 0
+        for i, step in enumerate(steps):
+            if isinstance(step, Fork):
+                await asyncio.gather(
+                    *(self._branch(a.agent_id, br, a.requests) for a in step.agents)
+                )
+                forked_s += step.duration_s
+                continue
+            # After a fork the trace's think time includes the sub-agents' run,
+            # which the replay just spent for real: wait only the rest.
+            await self.sleep(self.settings.wait_s(step.think_time - forked_s))
+            forked_s = 0.0
+            if returned is not None:
+                self.gaps.observe(self.clock() - returned)
+            await self._send(br, pbr, seq, step, end=i == last)
+            returned = self.clock()
+            seq += 1
+
+    async def _send(
+        self, br: str, pbr: str | None, seq: int, request: TraceRequest, end: bool
+    ) -> None:
+        s = self.settings
+        prompt = self.mapper.prompt(request.hash_ids)
+        record = RequestRecord(
+            trace_id=self.trace.trace_id,
+            branch=br,
+            seq=seq,
+            sent_at=round(self.clock() - self.start, 3),
+            prompt_tokens=len(prompt),
+            max_tokens=s.max_tokens(request.out),
+            theoretical_cached=self.index.add(prompt),
+        )
+        headers: dict[str, str] = {}
+        if s.tenant_per_trace:
+            headers["Authorization"] = f"Bearer {self.trace.trace_id}"
+        if s.hints:
+            record.hint = hint_header(self.trace.trace_id, br, pbr, self.gaps.estimate(), end)
+            headers[HEADER_NAME] = record.hint
+        self.records.append(record)
+        body = {
+            "model": s.model,
+            "prompt": prompt,
+            "max_tokens": record.max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        sent = self.clock()
+        try:
+            async with self.client.stream(
+                "POST", f"{s.base_url}/v1/completions", json=body, headers=headers
+            ) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")
+                    record.error = f"HTTP {response.status_code}: {text[:300]}"
+                    return
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    _read_chunk(record, json.loads(data), self.clock() - sent)
+            record.latency_s = round(self.clock() - sent, 4)
+            if record.cached_tokens is None:
+                record.error = "no usage in the stream"
+        except httpx2.HTTPError as e:
+            record.error = f"{type(e).__name__}: {e}"
+
+
+def _read_chunk(record: RequestRecord, chunk: dict[str, object], elapsed: float) -> None:
+    if record.ttft_s is None and chunk.get("choices"):
+        record.ttft_s = round(elapsed, 4)
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        details = usage.get("prompt_tokens_details") or {}
+        record.cached_tokens = int(details.get("cached_tokens") or 0)
+        record.completion_tokens = int(usage.get("completion_tokens") or 0)
+
+
+async def replay(
+    traces: Sequence[Trace],
+    settings: ReplaySettings,
+    client: httpx2.AsyncClient,
+    *,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = asyncio.sleep,
+) -> list[RequestRecord]:
+    """Replay ``traces`` concurrently; the records come in issue order."""
+    records: list[RequestRecord] = []
+    index = PrefixIndex(settings.block_size)
+    start = clock()
+    limit = asyncio.Semaphore(settings.concurrency or max(len(traces), 1))
+
+    async def session(trace: Trace) -> None:
+        async with limit:
+            await _Session(trace, settings, client, index, records, clock, sleep, start).run()
+
+    await asyncio.gather(*(session(t) for t in traces))
+    return records

@@ -1,0 +1,199 @@
+"""Summaries, the comparison table and the JSON file of a replay benchmark."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._replay import RequestRecord
+from ._server import MetricsSample
+
+__all__ = ["ConfigRun", "format_table", "summarize", "write_json"]
+
+_HINT_PREFIX = "agent_hints_"
+_BASELINES = ("plain", "unlimited")
+
+
+@dataclass(slots=True)
+class ConfigRun:
+    """Everything one configuration produced."""
+
+    name: str
+    server_log: str
+    kv_blocks: int
+    wall_s: float
+    records: list[RequestRecord]
+    metrics_before: dict[str, float]
+    metrics_after: dict[str, float]
+    samples: list[MetricsSample] = field(default_factory=list)
+    load_avg: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Machine load (1, 5, 15 min) when the replay ended: the machine is shared,
+    so TTFT and wall time are only comparable between runs under similar load."""
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def _delta(run: ConfigRun, name: str) -> float:
+    return run.metrics_after.get(name, 0.0) - run.metrics_before.get(name, 0.0)
+
+
+def _mean_of(run: ConfigRun, histogram: str) -> float | None:
+    count = _delta(run, histogram + "_count")
+    return _delta(run, histogram + "_sum") / count if count else None
+
+
+def summarize(run: ConfigRun) -> dict[str, Any]:
+    """The headline numbers of one configuration (JSON-ready)."""
+    ok = [r for r in run.records if r.error is None]
+    ttft = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens or 0 for r in ok)
+    theory = sum(r.theoretical_cached for r in ok)
+    hints = {
+        name[len(_HINT_PREFIX) :].removesuffix("_total"): _delta(run, name)
+        for name in sorted(run.metrics_after)
+        if name.startswith(_HINT_PREFIX) and name.endswith("_total")
+    }
+    held = [
+        s.values[f"{_HINT_PREFIX}held_blocks"]
+        for s in run.samples
+        if f"{_HINT_PREFIX}held_blocks" in s.values
+    ]
+    usage = [
+        s.values["vllm:kv_cache_usage_perc"]
+        for s in run.samples
+        if "vllm:kv_cache_usage_perc" in s.values
+    ]
+    summary: dict[str, Any] = {
+        "config": run.name,
+        "kv_blocks": run.kv_blocks,
+        "requests": len(run.records),
+        "failed": len(run.records) - len(ok),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "theoretical_cached_tokens": theory,
+        "reuse_of_theoretical": cached / theory if theory else None,
+        "prefix_hit_rate": cached / prompt if prompt else None,
+        "prefill_tokens": prompt - cached,
+        "ttft_p50_s": _quantile(ttft, 0.5),
+        "ttft_p90_s": _quantile(ttft, 0.9),
+        "ttft_mean_s": statistics.fmean(ttft) if ttft else None,
+        "wall_s": run.wall_s,
+        "preemptions": _delta(run, "vllm:num_preemptions_total"),
+        "server_prefix_cache_hits": _delta(run, "vllm:prefix_cache_hits_total"),
+        "server_prefix_cache_queries": _delta(run, "vllm:prefix_cache_queries_total"),
+        "server_queue_time_mean_s": _mean_of(run, "vllm:request_queue_time_seconds"),
+        "server_prefill_time_mean_s": _mean_of(run, "vllm:request_prefill_time_seconds"),
+        "kv_usage_mean": statistics.fmean(usage) if usage else None,
+        "load_avg_at_end": list(run.load_avg),
+    }
+    if hints:
+        summary["agent_hints"] = hints
+        summary["held_blocks_mean"] = statistics.fmean(held) if held else None
+        summary["held_blocks_max"] = max(held) if held else None
+    return summary
+
+
+def _fmt(value: object, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _ratio(a: object, b: object) -> float | None:
+    if isinstance(a, int | float) and isinstance(b, int | float) and b:
+        return a / b
+    return None
+
+
+def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """One row per configuration, then ratio rows against the baselines."""
+    head = (
+        f"{'config':<24}{'req':>5}{'fail':>5}{'reuse%':>8}{'hit%':>7}{'prefill tok':>13}"
+        f"{'TTFT p50':>10}{'p90':>8}{'mean':>8}{'wall s':>8}{'preempt':>8}{'load5':>6}  retention"
+    )
+    lines = [head, "-" * len(head)]
+    for s in summaries:
+        reuse, hit = s["reuse_of_theoretical"], s["prefix_hit_rate"]
+        hints = s.get("agent_hints")
+        retention = (
+            f"holds {hints.get('holds', 0):.0f} pressure {hints.get('pressure_releases', 0):.0f} "
+            f"expired {hints.get('expiries', 0):.0f} returned {hints.get('returns', 0):.0f}"
+            if hints
+            else ""
+        )
+        lines.append(
+            f"{s['config']:<24}{s['requests']:>5}{s['failed']:>5}"
+            f"{_fmt(None if reuse is None else 100 * reuse, '.1f'):>8}"
+            f"{_fmt(None if hit is None else 100 * hit, '.1f'):>7}{s['prefill_tokens']:>13,}"
+            f"{_fmt(s['ttft_p50_s'], '.3f'):>10}{_fmt(s['ttft_p90_s'], '.3f'):>8}"
+            f"{_fmt(s['ttft_mean_s'], '.3f'):>8}{s['wall_s']:>8.1f}{s['preemptions']:>8.0f}"
+            f"{s['load_avg_at_end'][1]:>6.1f}"
+            f"  {retention}"
+        )
+    by_name = {s["config"]: s for s in summaries}
+    ratio_rows = [
+        (s, by_name[base])
+        for base in _BASELINES
+        if base in by_name
+        for s in summaries
+        if s["config"] != base and not (base == "plain" and s["config"] == "unlimited")
+    ]
+    if ratio_rows:
+        lines.append("")
+        lines.append(
+            f"{'ratio':<24}{'reuse':>8}{'prefill':>9}{'TTFT p50':>10}{'p90':>8}{'mean':>8}"
+            f"{'wall':>8}   (TTFT < 1: faster)"
+        )
+        for s, base in ratio_rows:
+            cells = [
+                _ratio(s[key], base[key])
+                for key in (
+                    "reuse_of_theoretical",
+                    "prefill_tokens",
+                    "ttft_p50_s",
+                    "ttft_p90_s",
+                    "ttft_mean_s",
+                    "wall_s",
+                )
+            ]
+            widths = (8, 9, 10, 8, 8, 8)
+            lines.append(
+                f"{s['config'] + ' / ' + base['config']:<24}"
+                + "".join(
+                    f"{_fmt(c, '.2f') + 'x' if c is not None else '-':>{w}}"
+                    for c, w in zip(cells, widths, strict=True)
+                )
+            )
+    return "\n".join(lines)
+
+
+def write_json(path: Path, header: Mapping[str, Any], runs: Sequence[ConfigRun]) -> None:
+    """``header`` (args, machine, traces) plus every run: summary, server
+    command, metric deltas, sampled gauges and the per-request records."""
+    payload = dict(header)
+    payload["configs"] = {
+        run.name: {
+            "summary": summarize(run),
+            "server_log": run.server_log,
+            "metrics_delta": {
+                name: _delta(run, name)
+                for name in sorted(run.metrics_after)
+                if name.endswith(("_total", "_sum", "_count")) and _delta(run, name)
+            },
+            "samples": [dataclasses.asdict(s) for s in run.samples],
+            "records": [dataclasses.asdict(r) for r in run.records],
+        }
+        for run in runs
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1) + "\n")

