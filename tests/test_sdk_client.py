@@ -275,6 +275,7 @@ def test_async_scope_flows_into_tasks(stub: Stub) -> None:
                 group.start_soon(call, "c")
             await client.chat.completions.create(model="m", messages=[])
         await client.chat.completions.create(model="m", messages=[])
+        await client.close()  # before its event loop closes
 
     asyncio.run(main())
     sent = {

@@ -96,7 +96,8 @@ async def test_runner_on_a_hinted_async_client() -> None:
         api_key="k",
         http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(server)),
     )
-    result = await Runner.run(AGENT, "fix", client=client)
+    async with client:
+        result = await Runner.run(AGENT, "fix", client=client)
     assert result.final_output == "fixed"
     assert result.usage.cached_tokens == 128 and result.usage.input_tokens == 200
     sid = result.session_id
@@ -162,6 +163,7 @@ async def test_openai_agents_sdk_with_hinted_client_and_hooks() -> None:
     with hint_scope(session="oa-session", branch="main"):
         result = await agents.Runner.run(agent, "lint it", hooks=hooks)
     await hooks.flush()
+    await client.close()
     assert result.final_output == "clean"
     assert [(h["sid"], h["br"]) for h in server.hints()] == [("oa-session", "main")] * 2
     assert server.events() == [

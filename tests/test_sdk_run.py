@@ -352,7 +352,8 @@ async def test_server_down_is_a_model_call_error_not_a_hang() -> None:
     started = time.monotonic()
     async_client = HintedAsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
     with pytest.raises(ModelCallError) as caught:
-        await Runner.run(agent, "hi", client=async_client)
+        async with async_client:
+            await Runner.run(agent, "hi", client=async_client)
     assert isinstance(caught.value.__cause__, openai.APIConnectionError)
     sync_client = HintedOpenAI(base_url=base_url, api_key="x", max_retries=0)
     with pytest.raises(ModelCallError):
