@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "FIRST_ID",
     "ROOT",
     "TRACE_BLOCK",
     "Fork",
@@ -30,6 +31,7 @@ __all__ = [
     "default_traces_dir",
     "fits",
     "load_trace",
+    "parse_trace",
     "select_traces",
     "theoretical_cached",
     "truncate",
