@@ -7,6 +7,7 @@ with ``server_ext.local_server`` and stop it in the same fixture.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,3 +44,15 @@ def traces_dir() -> Path:
     if not TRACES.is_dir():
         pytest.skip(f"agent traces not found at {TRACES} (set AGENT_HINTS_TRACES)")
     return TRACES
+
+
+@pytest.fixture(autouse=True)
+def _finalize_leaked_clients() -> Iterator[None]:
+    """Collect garbage after each test, outside any event loop.
+
+    openai's async client closes its pool from ``__del__`` on whatever loop is
+    running at that moment; a client a test forgot to close would otherwise be
+    finalized inside a later test's loop and fail that test instead.
+    """
+    yield
+    gc.collect()

@@ -49,16 +49,16 @@ def run_tests() -> str:
     return "FAILED test_calc.py::test_add - assert -1 == 5"
 
 
-def _client(server: LocalServer) -> HintedAsyncOpenAI:
-    return HintedAsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-
-
 async def _run_recording(
-    agent: Agent, client: HintedAsyncOpenAI, prompt: str, session: Session | None = None
+    agent: Agent, server: LocalServer, prompt: str, session: Session | None = None
 ) -> tuple[RunResult, list[tuple[str, Usage]]]:
-    """Run streamed, keeping each model call's branch and usage in order."""
+    """Run streamed on a fresh hinted client, keeping each call's branch and usage."""
     calls: list[tuple[str, Usage]] = []
-    async with Runner.run_streamed(agent, prompt, client=client, session=session) as stream:
+    client = HintedAsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    async with (
+        client,
+        Runner.run_streamed(agent, prompt, client=client, session=session) as stream,
+    ):
         async for event in stream:
             if isinstance(event, LLMEndEvent):
                 calls.append((event.context.branch, Usage.from_completion(event.response.usage)))
@@ -77,7 +77,7 @@ async def test_multi_turn_loop_with_real_tool_calls(vllm_server: LocalServer) ->
     )
     session = InMemorySession("e2e-loop")
     before = vllm_server.metrics()
-    result, calls = await _run_recording(agent, _client(vllm_server), "Fix it.", session=session)
+    result, calls = await _run_recording(agent, vllm_server, "Fix it.", session=session)
     after = vllm_server.metrics()
     # The server saw the session: every model call carried hints, and the tool
     # lifecycle arrived as accepted control events.
@@ -119,7 +119,7 @@ async def test_forked_children_reuse_the_parent_prefix(vllm_server: LocalServer)
         tools=[delegate],
         model_settings=ModelSettings(tool_choice=["delegate", "none"], max_tokens=128),
     )
-    result, calls = await _run_recording(lead, _client(vllm_server), "Review the change.")
+    result, calls = await _run_recording(lead, vllm_server, "Review the change.")
     branches = [branch for branch, _ in calls]
     assert branches[0] == "root" and branches[-1] == "root"
     assert sorted(branches[1:-1]) == ["root/reviewer-1", "root/tester-1"]
