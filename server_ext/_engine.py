@@ -174,7 +174,10 @@ class EngineRetention:
             prio=int(hints.get("prio", 3)),
             pbr=hints.get("pbr"),
         )
-        self._keys[request_id] = _Tracked(key, branch_hints, entry.get(PREFETCH_FLAG) is True)
+        prefetch = entry.get(PREFETCH_FLAG) is True
+        self._keys[request_id] = _Tracked(key, branch_hints, prefetch)
+        if not prefetch:
+            self.policy.on_request_arrived(key)
         return True
 
     @_contained(None)
@@ -224,9 +227,12 @@ class EngineRetention:
         self._apply(self.policy.expire())
 
     @_contained(False)
-    def make_room(self, blocks_needed: int) -> bool:
-        """Release retentions for an allocation; False when nothing was left."""
-        actions = self.policy.make_room(max(blocks_needed, 1))
+    def make_room(self, blocks_needed: int, request_id: str | None = None) -> bool:
+        """Release retentions for an allocation of ``request_id`` (whose own
+        branch is spared); False when nothing was left to release."""
+        entry = self._keys.get(request_id) if request_id is not None else None
+        spare = entry.key if entry is not None else None
+        actions = self.policy.make_room(max(blocks_needed, 1), spare=spare)
         self._apply(actions)
         return bool(actions)
 

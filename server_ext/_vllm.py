@@ -357,7 +357,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
             # Soft retention: before the scheduler preempts or defers anything,
             # give back held blocks, furthest expected return first.
             needed = -(-num_new_tokens // block_size)
-            while blocks is None and retention.make_room(needed):
+            while blocks is None and retention.make_room(needed, request.request_id):
                 blocks = allocate(request, num_new_tokens, *args, **kw)
             return blocks
 

@@ -184,3 +184,43 @@ def test_release_all_releases_everything_with_reset() -> None:
     )
     assert p.held_blocks == 0 and p.retained_branches == 0 and p.stats.resets == 2
     assert p.expire(now=1e9) == []
+
+
+def test_a_full_budget_admits_only_by_evicting_later_returns() -> None:
+    p = policy()
+    soon = key("A", "soon")
+    retain(p, soon, range(0, 10), gap=5.0)
+    # Due back after ``soon``: it may not take its budget, only what is left.
+    d = p.on_request_finished(
+        key("A", "late"), tuple(range(20, 24)), BranchHints(gap=60.0), True, now=0.0
+    )
+    assert d.actions == [] and (d.outcome, d.reason) == (Outcome.REJECTED, Reason.OVER_BUDGET)
+    assert p.retention(soon) is not None and p.stats.budget_releases == 0
+    # Due back sooner: ``soon`` (now the later one) gives way.
+    assert released(retain(p, key("A", "sooner"), range(30, 34), gap=1.0)) == [
+        (soon, ReleaseReason.BUDGET)
+    ]
+
+
+def test_a_queued_return_is_the_last_victim_and_does_not_expire() -> None:
+    p = policy(total_blocks=1000)
+    queued, overdue = key("A", "queued"), key("B", "overdue")
+    retain(p, queued, range(0, 4), gap=1.0)
+    retain(p, overdue, range(4, 8), gap=0.5)
+    p.on_request_arrived(queued, now=2.0)
+    # Expected back sooner than ``queued``, but that one is already here.
+    assert released(p.make_room(1, now=2.0)) == [(overdue, ReleaseReason.PRESSURE)]
+    assert p.expire(now=300.0) == []  # past its deadline: it waits in the queue
+    assert p.on_request_started(queued, now=301.0) == [
+        Release(queued, (0, 1, 2, 3), ReleaseReason.RETURNED)
+    ]
+
+
+def test_make_room_spares_the_branch_that_needs_the_room() -> None:
+    p = policy(total_blocks=1000)
+    mine, other = key("A", "mine"), key("A", "other")
+    retain(p, mine, range(0, 4), gap=500.0)
+    retain(p, other, range(4, 8), gap=5.0)
+    assert released(p.make_room(8, now=0.0, spare=mine)) == [(other, ReleaseReason.PRESSURE)]
+    assert p.make_room(8, now=0.0, spare=mine) == []
+    assert p.retention(mine) is not None

@@ -50,10 +50,13 @@ class RetentionPolicy:
 
     A branch whose request ends in tool calls (or carries a ``gap``) is
     retained until ``now + clip(p90 gap * gap_slack, min_retain_s, limit)``;
-    its next request releases it (``returned``) and teaches the estimator the
-    observed gap. Under allocation pressure (``make_room``) and when a budget
-    is full, retentions go expired first, then furthest expected return first
-    (Belady with predicted next use), higher ``prio`` number breaking ties.
+    its next request teaches the estimator the observed gap when it arrives
+    and releases it (``returned``) when it is scheduled. Under allocation
+    pressure (``make_room``) retentions go expired first, then furthest
+    expected return first (Belady with predicted next use), higher ``prio``
+    number breaking ties, branches whose request is queued last. A full budget
+    evicts only retentions due back later than the newcomer (or expired);
+    otherwise the newcomer is clipped to the prefix that fits.
 
     Invariants, true after every public call:
       - Each live retention's blocks were announced by exactly one ``Hold``,
@@ -138,13 +141,22 @@ class RetentionPolicy:
 
     # Request events.
 
-    def on_request_started(self, key: BranchKey, now: float | None = None) -> list[Action]:
-        """The branch's next request arrived: learn the gap, release the
-        retention (the running request now holds its own references)."""
+    def on_request_arrived(self, key: BranchKey, now: float | None = None) -> None:
+        """The branch's next request reached the engine and may queue: learn
+        the gap, and keep the retention until the request is scheduled, as the
+        last victim (it is the surest next use of all)."""
         now = self._now(now)
-        departed = self._pending.pop(key, None)
-        if departed is not None:
-            self.estimator.observe(key.tenant, key.sid, departed[1], now - departed[0])
+        self._learn_return(key, now)
+        r = self._retentions.get(key)
+        if r is not None and r.arrived_at is None:
+            r.arrived_at = r.expected_return = now
+            self._schedule(r)
+
+    def on_request_started(self, key: BranchKey, now: float | None = None) -> list[Action]:
+        """The branch's next request was scheduled: release the retention (the
+        running request now holds its own references). Learns the gap if
+        ``on_request_arrived`` did not."""
+        self._learn_return(key, self._now(now))
         r = self._retentions.get(key)
         return [] if r is None else [self._drop(r, ReleaseReason.RETURNED)[0]]
 
@@ -180,10 +192,10 @@ class RetentionPolicy:
         blocks = tuple(dict.fromkeys(block_ids))
         if horizon <= now or not blocks:  # ttl 0 asks for no retention
             return self._decide(actions)
-        kept = self._admit(key.tenant, blocks, now, actions)
+        expected, deadline = self._window(key, now, horizon, hints.gap, hints.ttl, hints.tool)
+        kept = self._admit(key.tenant, blocks, now, expected, actions)
         if kept == 0:
             return self._decide(actions, Outcome.REJECTED, Reason.OVER_BUDGET)
-        expected, deadline = self._window(key, now, horizon, hints.gap, hints.ttl, hints.tool)
         r = Retention(
             key=key,
             block_ids=blocks[:kept],
@@ -263,10 +275,14 @@ class RetentionPolicy:
                 actions.append(self._drop(r, ReleaseReason.EXPIRED)[0])
         return actions
 
-    def make_room(self, blocks_needed: int, now: float | None = None) -> list[Action]:
+    def make_room(
+        self, blocks_needed: int, now: float | None = None, spare: BranchKey | None = None
+    ) -> list[Action]:
         """Release retentions until they free ``blocks_needed`` distinct blocks
-        or none is left, in victim order. Freed blocks may still be used by
-        running requests, so the adapter calls again if the pool is still short.
+        or none is left, in victim order, sparing ``spare`` (the branch whose
+        request needs the room: its retention is its own prefix). Freed blocks
+        may still be used by running requests, so the adapter calls again if
+        the pool is still short.
         """
         now = self._now(now)
         actions: list[Action] = []
@@ -274,6 +290,8 @@ class RetentionPolicy:
             return actions
         freed_total = 0
         for victim in self._victims(now):
+            if victim.key == spare:
+                continue
             reason = _evict_reason(victim, now, ReleaseReason.PRESSURE)
             release, freed, _ = self._drop(victim, reason)
             actions.append(release)
@@ -323,6 +341,11 @@ class RetentionPolicy:
             hold = min(hold, c.default_ttl_s)
         return now + pred.expected_s, min(now + hold, horizon)
 
+    def _learn_return(self, key: BranchKey, now: float) -> None:
+        departed = self._pending.pop(key, None)
+        if departed is not None:
+            self.estimator.observe(key.tenant, key.sid, departed[1], now - departed[0])
+
     def _depart(self, key: BranchKey, now: float, tool: str | None) -> None:
         self._pending[key] = (now, tool)
         self._pending.move_to_end(key)
@@ -330,10 +353,16 @@ class RetentionPolicy:
             self._pending.popitem(last=False)
 
     def _admit(
-        self, tenant: str, blocks: tuple[int, ...], now: float, actions: list[Action]
+        self,
+        tenant: str,
+        blocks: tuple[int, ...],
+        now: float,
+        expected_return: float,
+        actions: list[Action],
     ) -> int:
         """Make budget room for ``blocks`` by evicting other retentions (the
-        tenant's own for the tenant cap); return how long a prefix fits."""
+        tenant's own for the tenant cap) that are due back later than
+        ``expected_return`` or expired; return how long a prefix fits."""
         cap, tenant_cap = self.config.held_cap, self.config.tenant_cap
         new, new_tenant = self._ledger.new_blocks(tenant, blocks)
         over = self._ledger.held + new - cap
@@ -343,6 +372,8 @@ class RetentionPolicy:
             if (over_tenant if own_only else over) <= 0:
                 continue
             for victim in self._victims(now, tenant if own_only else None):
+                if not victim.evicts_for(expected_return, now):
+                    break  # the rest are due back sooner than the newcomer
                 reason = _evict_reason(victim, now, ReleaseReason.BUDGET)
                 release, freed, tenant_freed = self._drop(victim, reason)
                 actions.append(release)

@@ -17,8 +17,9 @@ class Retention:
       - ``retained_at <= deadline <= horizon``; ``horizon`` is
         ``retained_at + min(ttl, ttl_cap_s)`` and nothing moves a deadline past
         it, so no retention outlives the TTL cap.
-      - While ``children`` is non-empty the retention lives to its horizon
-        (forks reuse its prefix); see ``effective_deadline``.
+      - While ``children`` is non-empty, or once the branch's next request has
+        arrived (``arrived_at``) and waits to be scheduled, the retention lives
+        to its horizon; see ``effective_deadline``.
       - ``token`` names the only valid entry of this retention in the
         policy's deadline heap, which is keyed by ``effective_deadline``.
 
@@ -35,6 +36,8 @@ class Retention:
         parent: Branch this one forked from, if the client said so.
         children: Live forked branches (until their ``end``); carried over
             when the retention is replaced, dropped when the branch returns.
+        arrived_at: When the branch's next request reached the engine, if it
+            is queued: its blocks are the surest next use of all.
         token: Current heap entry id.
     """
 
@@ -49,15 +52,32 @@ class Retention:
     ttl: int | None
     parent: str | None = None
     children: set[str] = field(default_factory=set)
+    arrived_at: float | None = None
     token: int = -1
 
     @property
     def effective_deadline(self) -> float:
-        """When ``expire`` releases it: its horizon while forks are live."""
-        return self.horizon if self.children else self.deadline
+        """When ``expire`` releases it: its horizon while forks are live or
+        its next request waits in the engine's queue."""
+        return self.horizon if self.children or self.arrived_at is not None else self.deadline
 
-    def victim_rank(self, now: float) -> tuple[bool, float, int, float]:
+    def victim_rank(self, now: float) -> tuple[bool, bool, float, int, float]:
         """Sort key, first = released first: expired, then furthest expected
         return (Belady with predicted next use), then higher ``prio`` number,
-        then oldest."""
-        return (self.effective_deadline > now, -self.expected_return, -self.prio, self.retained_at)
+        then oldest; branches whose request already arrived go last, latest
+        arrival first (the queue serves the earliest first)."""
+        return (
+            self.arrived_at is not None,
+            self.effective_deadline > now,
+            -self.expected_return,
+            -self.prio,
+            self.retained_at,
+        )
+
+    def evicts_for(self, expected_return: float, now: float) -> bool:
+        """May a newcomer expected back at ``expected_return`` take this
+        retention's budget? Only if this one is due later (Belady admission)
+        or expired."""
+        if self.effective_deadline <= now:
+            return True
+        return self.arrived_at is None and self.expected_return > expected_return
