@@ -4,11 +4,13 @@ No vLLM import: ``_vllm.AgentHintsConnector`` forwards the scheduler's events he
 and supplies a ``BlockPort`` over the real block pool, so this module runs
 unchanged against a fake pool in unit tests.
 
-Wire format: the API-server middleware puts, inside ``kv_transfer_params``,
-``{HINTS_KEY: {"tenant", "hints"}}`` on inference requests (plus
-``PREFETCH_FLAG: true`` on its own prefetch warm-ups) and
-``{CONTROL_KEY: {"tenant", "sid", "events"}}`` on control messages. It strips
-both keys from client bodies first, so only the middleware can set them.
+Wire format, inside ``kv_transfer_params`` (the only request field that reaches
+the connector untouched): an inference request carries the SPEC's lowering
+(``hints_spec.to_vllm_fields``: ``HINTS_KEY`` = the normalized hint) plus
+``TENANT_KEY`` = the tenant the API server resolved, and ``PREFETCH_KEY: true``
+on the prefetcher's own warm-ups; a control message carries ``CONTROL_KEY`` =
+``{"tenant", "sid", "events"}``. The middleware strips all four keys from client
+bodies first, so only it can set them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
+
+from hints_spec import BODY_FIELD, AgentHints, to_vllm_fields
 
 from .policy import (
     ROOT,
@@ -37,12 +41,15 @@ from .policy import (
 __all__ = [
     "CONTROL_KEY",
     "HINTS_KEY",
-    "PREFETCH_FLAG",
+    "PREFETCH_KEY",
     "RESERVED_KEYS",
+    "TENANT_KEY",
     "BlockPort",
     "EngineRetention",
+    "HintedParams",
     "control_params",
     "hint_params",
+    "read_hint_params",
 ]
 
 logger = logging.getLogger(__name__)
@@ -75,16 +82,40 @@ def _contained(fallback: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     return wrap
 
 
-HINTS_KEY = "agent_hints"
+HINTS_KEY = BODY_FIELD
+TENANT_KEY = "agent_hints_tenant"
+PREFETCH_KEY = "agent_hints_prefetch"
 CONTROL_KEY = "agent_hints_control"
-RESERVED_KEYS = (HINTS_KEY, CONTROL_KEY)
-PREFETCH_FLAG = "prefetch"
-"""Set in a ``HINTS_KEY`` entry by the API server's prefetcher on a warm-up."""
+RESERVED_KEYS = (HINTS_KEY, TENANT_KEY, PREFETCH_KEY, CONTROL_KEY)
 
 
-def hint_params(tenant: str, hints: Mapping[str, object]) -> dict[str, object]:
-    """The ``kv_transfer_params`` entry carrying a request's normalized hints."""
-    return {HINTS_KEY: {"tenant": tenant, "hints": dict(hints)}}
+def hint_params(tenant: str, hints: AgentHints, prefetch: bool = False) -> dict[str, object]:
+    """The ``kv_transfer_params`` members of a hinted request of ``tenant``."""
+    lowered = to_vllm_fields(hints)["kv_transfer_params"]
+    assert isinstance(lowered, dict)
+    return {**lowered, TENANT_KEY: tenant, **({PREFETCH_KEY: True} if prefetch else {})}
+
+
+class HintedParams(NamedTuple):
+    """What the engine reads of a hinted request's ``kv_transfer_params``."""
+
+    tenant: str
+    hints: Mapping[str, Any]
+    """The normalized hint; its ``sid`` is a string."""
+    prefetch: bool
+
+
+def read_hint_params(params: Mapping[str, Any] | None) -> HintedParams | None:
+    """The hint, tenant and warm-up flag of a request, or None if it has no
+    usable hint (no session, or not lowered by the middleware)."""
+    if not params:
+        return None
+    hints, tenant = params.get(HINTS_KEY), params.get(TENANT_KEY)
+    if not isinstance(hints, Mapping) or not isinstance(tenant, str):
+        return None
+    if not isinstance(hints.get("sid"), str):
+        return None
+    return HintedParams(tenant, hints, params.get(PREFETCH_KEY) is True)
 
 
 def control_params(
@@ -136,7 +167,7 @@ class EngineRetention:
     are applied before any release, so a block shared by a replaced retention and
     its replacement never drops to refcount 0 in between.
 
-    A prefetch warm-up (``PREFETCH_FLAG``) is not its branch's return: it
+    A prefetch warm-up (``PREFETCH_KEY``) is not its branch's return: it
     neither ends the retention nor teaches the estimator a gap, and when it
     finishes it retains the warmed blocks like the branch's last request did.
     An ``end`` of its branch while it runs cancels that retention.
@@ -156,17 +187,11 @@ class EngineRetention:
     @_contained(False)
     def request_added(self, request_id: str, params: Mapping[str, Any] | None) -> bool:
         """Register a hinted request; False when it carries no usable hint."""
-        entry = params.get(HINTS_KEY) if params else None
-        if not isinstance(entry, Mapping):
+        read = read_hint_params(params)
+        if read is None:
             return False
-        hints = entry.get("hints")
-        tenant = entry.get("tenant")
-        if not isinstance(hints, Mapping) or not isinstance(tenant, str):
-            return False
-        sid = hints.get("sid")
-        if not isinstance(sid, str):
-            return False
-        key = BranchKey(tenant, sid, hints.get("br") or ROOT)
+        hints = read.hints
+        key = BranchKey(read.tenant, hints["sid"], hints.get("br") or ROOT)
         branch_hints = BranchHints(
             gap=hints.get("gap"),
             ttl=hints.get("ttl"),
@@ -174,9 +199,8 @@ class EngineRetention:
             prio=int(hints.get("prio", 3)),
             pbr=hints.get("pbr"),
         )
-        prefetch = entry.get(PREFETCH_FLAG) is True
-        self._keys[request_id] = _Tracked(key, branch_hints, prefetch)
-        if not prefetch:
+        self._keys[request_id] = _Tracked(key, branch_hints, read.prefetch)
+        if not read.prefetch:
             self.policy.on_request_arrived(key)
         return True
 
@@ -229,10 +253,21 @@ class EngineRetention:
     @_contained(False)
     def make_room(self, blocks_needed: int, request_id: str | None = None) -> bool:
         """Release retentions for an allocation of ``request_id`` (whose own
-        branch is spared); False when nothing was left to release."""
+        branch is spared); False when nothing was left to release.
+
+        A warm-up takes room only from branches due back after its own: a
+        prefetch never costs a branch that returns sooner its prefix.
+        """
         entry = self._keys.get(request_id) if request_id is not None else None
-        spare = entry.key if entry is not None else None
-        actions = self.policy.make_room(max(blocks_needed, 1), spare=spare)
+        if entry is None:
+            actions = self.policy.make_room(max(blocks_needed, 1))
+        else:
+            due = self.policy.expected_return(entry.key, entry.hints.gap)
+            actions = self.policy.make_room(
+                max(blocks_needed, 1),
+                spare=entry.key,
+                sooner_than=due if entry.prefetch and due is not None else None,
+            )
         self._apply(actions)
         return bool(actions)
 

@@ -143,7 +143,7 @@ class AgentHintsMiddleware:
             payload.setdefault("session_id", hints.sid)
             if not isinstance(transfer, dict):
                 transfer = payload["kv_transfer_params"] = {}
-            transfer.update(hint_params(tenant, hints.normalized()))
+            transfer.update(hint_params(tenant, hints))
             if config.salt_per_tenant and tenant != DEFAULT_TENANT:
                 payload["cache_salt"] = tenant
             HINTED_REQUESTS.inc()

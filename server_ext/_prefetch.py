@@ -28,7 +28,7 @@ from prometheus_client import Counter, Gauge
 
 from hints_spec import End, ToolEnd, ToolStart
 
-from ._engine import HINTS_KEY, PREFETCH_FLAG
+from ._engine import PREFETCH_KEY, read_hint_params
 from .policy import ROOT, BranchKey, PrefetchPlanner
 
 __all__ = ["ASGIApp", "Branch", "Message", "Prefetcher", "Receive", "Scope", "Send"]
@@ -298,12 +298,12 @@ def _warmup_body(body: bytes, path: str) -> bytes | None:
     it carries no lowered hints (nothing to mark)."""
     try:
         payload = json.loads(body)
-        entry = payload["kv_transfer_params"][HINTS_KEY]
+        transfer = payload["kv_transfer_params"]
     except (ValueError, KeyError, TypeError):
         return None
-    if not isinstance(entry, dict):
+    if read_hint_params(transfer) is None:
         return None
-    entry[PREFETCH_FLAG] = True
+    transfer[PREFETCH_KEY] = True
     limits = [f for f in _OUTPUT_LIMITS if f in payload] or [
         "max_output_tokens" if path == "/v1/responses" else "max_tokens"
     ]

@@ -47,7 +47,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 
 from ._config import CONNECTOR_NAME, ExtensionConfig
-from ._engine import CONTROL_KEY, HINTS_KEY, EngineRetention, control_params
+from ._engine import CONTROL_KEY, EngineRetention, control_params, read_hint_params
 from .policy import RetentionPolicy
 from .tier import (
     BlockCodec,
@@ -263,16 +263,14 @@ class TierWorkerMetadata(KVConnectorWorkerMetadata):
 
 def _tier_identity(params: Mapping[str, Any] | None, ttl_cap_s: float) -> tuple[str, float] | None:
     """(tenant, soft pin seconds) of a hinted request, else None (no tier use)."""
-    entry = params.get(HINTS_KEY) if params else None
-    if not isinstance(entry, Mapping):
+    read = read_hint_params(params)
+    if read is None:
         return None
-    tenant, hints = entry.get("tenant"), entry.get("hints")
-    if not isinstance(tenant, str) or not isinstance(hints, Mapping) or not hints.get("sid"):
-        return None
+    hints = read.hints
     pin = hints.get("ttl") if hints.get("ttl") is not None else hints.get("gap")
     if hints.get("end") or not isinstance(pin, int | float):
-        return tenant, 0.0
-    return tenant, min(float(pin), ttl_cap_s)
+        return read.tenant, 0.0
+    return read.tenant, min(float(pin), ttl_cap_s)
 
 
 class AgentHintsConnector(KVConnectorBase_V1):

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from hints_spec import AgentHints
 from server_ext import AgentHintsMiddleware, ExtensionConfig, ExtensionConfigError
 from server_ext.__main__ import main as serve_main
-from server_ext._engine import hint_params
+from server_ext._engine import PREFETCH_KEY, hint_params
 from server_ext._prefetch import EARLY_RETURNS, PREFETCHES, Branch, Prefetcher
 from server_ext.policy import BranchKey, PrefetchPlanner
 
@@ -48,7 +49,7 @@ class Downstream:
         headers = dict(scope["headers"])
         assert headers[b"content-length"] == str(len(body)).encode()
         self.requests.append((scope["path"], payload, headers))
-        warmup = payload.get("kv_transfer_params", {}).get("agent_hints", {}).get("prefetch")
+        warmup = payload.get("kv_transfer_params", {}).get(PREFETCH_KEY)
         if self.gate is not None and not warmup:
             await self.gate.wait()
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -56,9 +57,7 @@ class Downstream:
 
     @property
     def warmups(self) -> list[dict[str, Any]]:
-        return [
-            p for _, p, _ in self.requests if p["kv_transfer_params"]["agent_hints"].get("prefetch")
-        ]
+        return [p for _, p, _ in self.requests if p["kv_transfer_params"].get(PREFETCH_KEY)]
 
 
 def counts() -> dict[str, float]:
@@ -73,9 +72,8 @@ def delta(before: dict[str, float]) -> dict[str, float]:
 
 
 def lowered(path: str = "/v1/completions", gap: float | None = 10.0, **extra: object) -> bytes:
-    hints = {"sid": KEY.sid, "br": None, "gap": gap, "end": False, "prio": 3}
     body: dict[str, object] = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 50, **extra}
-    body["kv_transfer_params"] = hint_params(KEY.tenant, hints)
+    body["kv_transfer_params"] = hint_params(KEY.tenant, AgentHints(sid=KEY.sid, gap=gap))
     return json.dumps(body).encode()
 
 
@@ -145,8 +143,8 @@ def test_warmup_replays_the_last_request_as_one_token() -> None:
         assert warm["max_tokens"] == 1 and warm["stream"] is False
         assert not {"stream_options", "min_tokens", "request_id"} & set(warm)
         assert warm["prompt"] == first["prompt"]
-        assert warm["kv_transfer_params"]["agent_hints"]["prefetch"] is True
-        assert "prefetch" not in first["kv_transfer_params"]["agent_hints"]
+        assert warm["kv_transfer_params"][PREFETCH_KEY] is True
+        assert PREFETCH_KEY not in first["kv_transfer_params"]
         assert delta(before) == {"issued": 1, "completed": 1}
         # Measured (0 s on the fake clock): the lead time shrinks.
         assert p.planner.lead_time(1000) < 1.5

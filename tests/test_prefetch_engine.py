@@ -7,11 +7,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from server_ext._engine import HINTS_KEY, PREFETCH_FLAG, EngineRetention, hint_params
+from hints_spec import AgentHints
+from server_ext._engine import PREFETCH_KEY, EngineRetention, hint_params
 from server_ext.policy import BranchKey, PolicyConfig, RetentionPolicy
 
 KEY = BranchKey("t", "s")
-HINTS = {"sid": "s", "br": None, "gap": 10.0, "end": False, "prio": 3}
+HINTS = AgentHints(sid="s", gap=10.0)
 
 
 class Pool:
@@ -41,10 +42,10 @@ def engine() -> tuple[EngineRetention, Pool, Clock]:
 
 def params(prefetch: object = None) -> dict[str, object]:
     """A request's ``kv_transfer_params``, marked as a warm-up when ``prefetch``."""
-    entry = dict(hint_params("t", HINTS)[HINTS_KEY])  # type: ignore[call-overload]
+    lowered = hint_params("t", HINTS)
     if prefetch is not None:
-        entry[PREFETCH_FLAG] = prefetch
-    return {HINTS_KEY: entry}
+        lowered[PREFETCH_KEY] = prefetch
+    return lowered
 
 
 def run(e: EngineRetention, request_id: str, blocks: list[int], prefetch: bool = False) -> None:
@@ -88,3 +89,39 @@ def test_only_a_literal_true_marks_a_warmup(flag: object) -> None:
     e.request_added("r2", params(flag))
     e.request_scheduled("r2")
     assert e.stats.returns == 1
+
+
+def other_params(sid: str, gap: float) -> dict[str, object]:
+    return hint_params("t", AgentHints(sid=sid, gap=gap))
+
+
+def test_a_warmup_takes_room_only_from_branches_due_back_later() -> None:
+    e, pool, clock = engine()
+    run(e, "r1", [1, 2, 3])  # session s: gap 10 s, due back at ~10 s
+    e.make_room(3)
+    assert e.request_added("soon", other_params("soon", 2.0))
+    e.request_finished("soon", [20, 21])  # due back at ~2 s: sooner than s
+    assert e.request_added("late", other_params("late", 60.0))
+    e.request_finished("late", [30, 31])  # due back at ~60 s
+    clock.now = 1.0
+    assert e.request_added("w1", params(prefetch=True))
+    assert e.make_room(4, "w1")  # ``late`` gives way
+    assert not e.make_room(4, "w1")  # ``soon`` does not
+    assert pool.refs[20] == 1 and pool.refs[30] == 0
+    # A real request of the same branch takes any room.
+    assert e.request_added("r2", params())
+    assert e.make_room(4, "r2") and pool.refs[20] == 0
+
+
+def test_an_arrived_request_keeps_its_branch_until_scheduled() -> None:
+    e, pool, clock = engine()
+    run(e, "r1", [1, 2, 3])
+    assert e.request_added("other", other_params("o", 1.0))
+    e.request_finished("other", [7, 8])
+    clock.now = 2.0
+    assert e.request_added("r2", params())  # queued behind a long prefill
+    assert e.make_room(2)  # the other branch goes first, though due back sooner
+    assert pool.refs[1] == 1 and pool.refs[7] == 0
+    assert not e.make_room(2, "r2")  # its own prefix is spared
+    e.request_scheduled("r2")
+    assert pool.refs[1] == 0 and e.stats.returns == 1

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
+from hints_spec import AgentHints
 from server_ext import AgentHintsMiddleware
 from server_ext._middleware import PARSE_ERRORS
 
@@ -113,13 +114,10 @@ def test_header_hint_is_lowered_into_session_id_and_transfer_params() -> None:
     )
     forwarded = json.loads(seen[0])
     assert forwarded["session_id"] == "s1"
-    entry = forwarded["kv_transfer_params"]["agent_hints"]
-    assert entry["tenant"] == "default"
-    assert (
-        entry["hints"]["sid"] == "s1"
-        and entry["hints"]["br"] == "a"
-        and entry["hints"]["gap"] == 2.5
-    )
+    transfer = forwarded["kv_transfer_params"]
+    assert transfer["agent_hints_tenant"] == "default"
+    # The SPEC's lowering, exactly: the normalized hint under "agent_hints".
+    assert transfer["agent_hints"] == AgentHints(sid="s1", br="a", gap=2.5).normalized()
 
 
 def test_body_form_is_removed_from_the_body_and_lowered() -> None:
@@ -127,7 +125,7 @@ def test_body_form_is_removed_from_the_body_and_lowered() -> None:
     call(harness, "/v1/chat/completions", completion(agent_hints={"sid": "s2", "end": True}))
     forwarded = json.loads(seen[0])
     assert "agent_hints" not in forwarded
-    assert forwarded["kv_transfer_params"]["agent_hints"]["hints"]["end"] is True
+    assert forwarded["kv_transfer_params"]["agent_hints"]["end"] is True
 
 
 def test_malformed_header_is_counted_and_the_request_served_without_hints() -> None:
@@ -141,7 +139,13 @@ def test_malformed_header_is_counted_and_the_request_served_without_hints() -> N
 
 def test_reserved_transfer_keys_are_stripped_on_every_route() -> None:
     harness, seen, _ = make_app()
-    forged = {"agent_hints_control": {"tenant": "x"}, "agent_hints": {"tenant": "x"}, "other": 1}
+    forged = {
+        "agent_hints_control": {"tenant": "x"},
+        "agent_hints": {"sid": "s"},
+        "agent_hints_tenant": "key:victim",
+        "agent_hints_prefetch": True,
+        "other": 1,
+    }
     call(
         harness,
         "/v1/embeddings",
@@ -161,7 +165,7 @@ def test_tenant_comes_from_the_api_key_or_a_trusted_gateway_header() -> None:
         completion(),
         {**hint, "Authorization": "Bearer k1", "X-Tenant": "acme"},
     )
-    tenants = [json.loads(b)["kv_transfer_params"]["agent_hints"]["tenant"] for b in seen]
+    tenants = [json.loads(b)["kv_transfer_params"]["agent_hints_tenant"] for b in seen]
     assert tenants[0].startswith("key:") and tenants[0] != tenants[1]
     assert tenants[2].startswith("gw:")
     assert "k1" not in "".join(tenants)  # the key itself never reaches the engine

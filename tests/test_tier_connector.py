@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from server_ext._engine import HINTS_KEY, hint_params
+from hints_spec import AgentHints
+from server_ext._engine import TENANT_KEY, hint_params
 from server_ext._vllm import TierWorkerMetadata, _tier_identity
 from server_ext.tier import TierReport
 
@@ -10,18 +11,16 @@ from server_ext.tier import TierReport
 def test_only_hinted_requests_use_the_tier_with_a_capped_soft_pin() -> None:
     assert _tier_identity(None, 600) is None
     assert _tier_identity({"other": 1}, 600) is None
-    assert _tier_identity(hint_params("t", {"sid": None}), 600) is None
-    assert _tier_identity({HINTS_KEY: {"hints": {"sid": "s"}}}, 600) is None  # no tenant
-    assert _tier_identity(hint_params("t", {"sid": "s"}), 600) == ("t", 0.0)
-    assert _tier_identity(hint_params("t", {"sid": "s", "gap": 2.5}), 600) == ("t", 2.5)
-    assert _tier_identity(hint_params("t", {"sid": "s", "gap": 2, "ttl": 900}), 600) == (
-        "t",
-        600.0,
-    )
-    assert _tier_identity(hint_params("t", {"sid": "s", "ttl": 60, "end": True}), 600) == (
-        "t",
-        0.0,
-    )
+    assert _tier_identity(hint_params("t", AgentHints(br="a")), 600) is None  # no session
+    no_tenant = hint_params("t", AgentHints(sid="s"))
+    del no_tenant[TENANT_KEY]
+    assert _tier_identity(no_tenant, 600) is None
+    assert _tier_identity(hint_params("t", AgentHints(sid="s")), 600) == ("t", 0.0)
+    assert _tier_identity(hint_params("t", AgentHints(sid="s", gap=2.5)), 600) == ("t", 2.5)
+    capped = hint_params("t", AgentHints(sid="s", gap=2, ttl=900))
+    assert _tier_identity(capped, 600) == ("t", 600.0)
+    ended = hint_params("t", AgentHints(sid="s", ttl=60, end=True))
+    assert _tier_identity(ended, 600) == ("t", 0.0)
 
 
 def test_worker_reports_aggregate_across_workers() -> None:

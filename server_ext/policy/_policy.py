@@ -276,13 +276,19 @@ class RetentionPolicy:
         return actions
 
     def make_room(
-        self, blocks_needed: int, now: float | None = None, spare: BranchKey | None = None
+        self,
+        blocks_needed: int,
+        now: float | None = None,
+        spare: BranchKey | None = None,
+        sooner_than: float | None = None,
     ) -> list[Action]:
         """Release retentions until they free ``blocks_needed`` distinct blocks
         or none is left, in victim order, sparing ``spare`` (the branch whose
-        request needs the room: its retention is its own prefix). Freed blocks
-        may still be used by running requests, so the adapter calls again if
-        the pool is still short.
+        request needs the room: its retention is its own prefix). With
+        ``sooner_than`` (a prefetch for a branch due back then), only
+        retentions due back later, or expired, give way. Freed blocks may still
+        be used by running requests, so the adapter calls again if the pool is
+        still short.
         """
         now = self._now(now)
         actions: list[Action] = []
@@ -292,6 +298,8 @@ class RetentionPolicy:
         for victim in self._victims(now):
             if victim.key == spare:
                 continue
+            if sooner_than is not None and not victim.evicts_for(sooner_than, now):
+                break
             reason = _evict_reason(victim, now, ReleaseReason.PRESSURE)
             release, freed, _ = self._drop(victim, reason)
             actions.append(release)
@@ -299,6 +307,15 @@ class RetentionPolicy:
             if freed_total >= blocks_needed:
                 break
         return actions
+
+    def expected_return(self, key: BranchKey, gap: float | None) -> float | None:
+        """When departed branch ``key`` is predicted back (its client ``gap``
+        as prior), or None if it is not expected (never left, or ended)."""
+        departed = self._pending.get(key)
+        if departed is None:
+            return None
+        at, tool = departed
+        return at + self.estimator.predict(key.tenant, key.sid, tool, gap).expected_s
 
     def release_all(self, reason: ReleaseReason = ReleaseReason.RESET) -> list[Action]:
         """Release every retention (e.g. on reset_prefix_cache)."""
