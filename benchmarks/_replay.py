@@ -99,6 +99,9 @@ class RequestRecord:
     error: str | None = None
 
 
+OnDone = Callable[[RequestRecord], None]
+
+
 class PastGaps:
     """A session's observed gaps (response -> next request of the same
     branch); the hint is their median, ``prior_s`` before the first."""
@@ -129,6 +132,7 @@ class _Session:
         clock: Clock,
         sleep: Sleep,
         start: float,
+        on_done: OnDone | None,
     ) -> None:
         self.trace = trace
         self.settings = settings
@@ -138,6 +142,7 @@ class _Session:
         self.clock = clock
         self.sleep = sleep
         self.start = start
+        self.on_done = on_done
         self.mapper = TokenMapper(trace.trace_id, settings.k, settings.vocab_size)
         self.gaps = PastGaps(settings.prior_gap_s)
 
@@ -196,6 +201,15 @@ class _Session:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        await self._post(record, body, headers)
+        if self.on_done is not None:
+            self.on_done(record)
+
+    async def _post(
+        self, record: RequestRecord, body: dict[str, object], headers: dict[str, str]
+    ) -> None:
+        """Send one request and fill ``record`` in: usage and timings, or the error."""
+        s = self.settings
         sent = self.clock()
         try:
             async with self.client.stream(
@@ -236,8 +250,13 @@ async def replay(
     *,
     clock: Clock = time.monotonic,
     sleep: Sleep = asyncio.sleep,
+    on_done: OnDone | None = None,
 ) -> list[RequestRecord]:
-    """Replay ``traces`` concurrently; the records come in issue order."""
+    """Replay ``traces`` concurrently; the records come in issue order.
+
+    ``on_done`` sees each record once it is final (answered or failed), e.g. to
+    show progress during a run that takes many minutes.
+    """
     records: list[RequestRecord] = []
     index = PrefixIndex(settings.block_size)
     start = clock()
@@ -245,7 +264,9 @@ async def replay(
 
     async def session(trace: Trace) -> None:
         async with limit:
-            await _Session(trace, settings, client, index, records, clock, sleep, start).run()
+            await _Session(
+                trace, settings, client, index, records, clock, sleep, start, on_done
+            ).run()
 
     await asyncio.gather(*(session(t) for t in traces))
     return records

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hints_spec import HintError, parse_header
 
 from ._replay import RequestRecord
 from ._server import MetricsSample
@@ -17,6 +20,10 @@ __all__ = ["ConfigRun", "format_table", "summarize", "write_json"]
 
 _HINT_PREFIX = "agent_hints_"
 _BASELINES = ("plain", "unlimited")
+_TIER_MOVED = "agent_hints_tier_bytes_moved_total"
+_PREFETCH = "agent_hints_prefetch_total"
+_MIN_GAP_S = 0.01
+"""Gaps are floored here before their log ratio: 0 s and 5 ms are both "at once"."""
 
 
 @dataclass(slots=True)
@@ -51,6 +58,47 @@ def _delta(run: ConfigRun, name: str) -> float:
 def _mean_of(run: ConfigRun, histogram: str) -> float | None:
     count = _delta(run, histogram + "_count")
     return _delta(run, histogram + "_sum") / count if count else None
+
+
+def _hinted_gap(hint: str | None) -> float | None:
+    if hint is None:
+        return None
+    try:
+        return parse_header(hint).gap
+    except HintError:
+        return None
+
+
+def _calibration(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    """How well each hinted ``gap`` predicted the real one (this response to the
+    next request of the branch): retention and prefetch act on the prediction,
+    so a poor one explains a poor result. None without a single pair."""
+    last: dict[tuple[str, str], RequestRecord] = {}
+    predicted: list[float] = []
+    actual: list[float] = []
+    for r in records:  # issue order: a branch's next request comes later
+        key = (r.trace_id, r.branch)
+        prev = last.get(key)
+        last[key] = r
+        if prev is None or prev.latency_s is None or r.seq != prev.seq + 1:
+            continue
+        gap = _hinted_gap(prev.hint)
+        if gap is not None:
+            predicted.append(gap)
+            actual.append(max(r.sent_at - (prev.sent_at + prev.latency_s), 0.0))
+    if not predicted:
+        return None
+    errors = [
+        abs(math.log2(max(a, _MIN_GAP_S) / max(p, _MIN_GAP_S)))
+        for p, a in zip(predicted, actual, strict=True)
+    ]
+    return {
+        "pairs": len(errors),
+        "predicted_median_s": statistics.median(predicted),
+        "actual_median_s": statistics.median(actual),
+        "median_abs_log2_error": statistics.median(errors),
+        "within_2x": sum(e <= 1.0 for e in errors) / len(errors),
+    }
 
 
 def summarize(run: ConfigRun) -> dict[str, Any]:
@@ -96,6 +144,9 @@ def summarize(run: ConfigRun) -> dict[str, Any]:
         "server_queue_time_mean_s": _mean_of(run, "vllm:request_queue_time_seconds"),
         "server_prefill_time_mean_s": _mean_of(run, "vllm:request_prefill_time_seconds"),
         "kv_usage_mean": statistics.fmean(usage) if usage else None,
+        "tier_bytes_moved": _delta(run, _TIER_MOVED),
+        "prefetch": _delta(run, _PREFETCH) if _PREFETCH in run.metrics_after else None,
+        "calibration": _calibration(run.records),
         "load_avg_at_end": list(run.load_avg),
     }
     if hints:
@@ -119,11 +170,13 @@ def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     """One row per configuration, then ratio rows against the baselines."""
     head = (
         f"{'config':<24}{'req':>5}{'fail':>5}{'reuse%':>8}{'hit%':>7}{'prefill tok':>13}"
-        f"{'TTFT p50':>10}{'p90':>8}{'mean':>8}{'wall s':>8}{'preempt':>8}{'load5':>6}  retention"
+        f"{'TTFT p50':>10}{'p90':>8}{'mean':>8}{'wall s':>8}{'preempt':>8}{'tier MB':>9}"
+        f"{'load5':>6}  retention"
     )
     lines = [head, "-" * len(head)]
     for s in summaries:
         reuse, hit = s["reuse_of_theoretical"], s["prefix_hit_rate"]
+        tier_mb = s["tier_bytes_moved"] / 1e6 if s["tier_bytes_moved"] else None
         hints = s.get("agent_hints")
         retention = (
             f"holds {hints.get('holds', 0):.0f} pressure {hints.get('pressure_releases', 0):.0f} "
@@ -137,7 +190,7 @@ def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
             f"{_fmt(None if hit is None else 100 * hit, '.1f'):>7}{s['prefill_tokens']:>13,}"
             f"{_fmt(s['ttft_p50_s'], '.3f'):>10}{_fmt(s['ttft_p90_s'], '.3f'):>8}"
             f"{_fmt(s['ttft_mean_s'], '.3f'):>8}{s['wall_s']:>8.1f}{s['preemptions']:>8.0f}"
-            f"{s['load_avg_at_end'][1]:>6.1f}"
+            f"{_fmt(tier_mb, '.1f'):>9}{s['load_avg_at_end'][1]:>6.1f}"
             f"  {retention}"
         )
     by_name = {s["config"]: s for s in summaries}

@@ -13,13 +13,49 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from server_ext import LocalServer, local_server
+from server_ext.tier import local_mooncake_master
 
-__all__ = ["CONFIGS", "MetricsSample", "ServerPlan", "sample_metrics", "serve"]
+__all__ = ["CONFIGS", "Config", "MetricsSample", "ServerPlan", "sample_metrics", "serve"]
 
-CONFIGS = ("plain", "extension", "unlimited")
-"""plain vLLM; the same plus the extension (hinted); plain vLLM with room for everything."""
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """One configuration of the matrix: what the server runs, whether clients hint.
+
+    Each step adds one mechanism to the previous, so adjacent rows of the table
+    attribute the difference to it; ``unlimited`` is the bound.
+    """
+
+    name: str
+    description: str
+    extension: bool = False
+    prefetch: bool = False
+    tier: Literal["host", "mooncake"] | None = None
+    unlimited: bool = False
+
+    @property
+    def hints(self) -> bool:
+        """Clients send ``Agent-Hints`` exactly when the extension reads them."""
+        return self.extension
+
+
+CONFIGS: dict[str, Config] = {
+    c.name: c
+    for c in (
+        Config("plain", "vLLM as shipped"),
+        Config("retention", "+ agent-hints retention (hinted clients)", extension=True),
+        Config("prefetch", "+ prefetch by recompute in tool gaps", extension=True, prefetch=True),
+        Config("host", "+ host-memory KV tier", extension=True, prefetch=True, tier="host"),
+        Config(
+            "mooncake", "+ Mooncake Store KV tier", extension=True, prefetch=True, tier="mooncake"
+        ),
+        Config("unlimited", "vLLM with room for every block: the bound", unlimited=True),
+    )
+}
+"""The benchmark matrix, in table order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +64,11 @@ class ServerPlan:
 
     Args:
         model: Checkpoint directory (served with random weights).
-        kv_blocks: KV capacity of ``plain`` and ``extension``.
+        kv_blocks: KV capacity of every configuration but ``unlimited``.
         unlimited_blocks: KV capacity of ``unlimited``.
-        extra_config: The extension's ``kv_connector_extra_config``.
+        extra_config: The extension's ``kv_connector_extra_config``; each
+            configuration adds its own ``prefetch`` and tier keys.
+        tier_bytes: Budget of the host tier and of each Mooncake segment.
         server_args: More vLLM flags, for every configuration alike.
     """
 
@@ -40,31 +78,46 @@ class ServerPlan:
     block_size: int = 64
     max_model_len: int = 8192
     extra_config: Mapping[str, object] | None = None
+    tier_bytes: int = 2 << 30
     server_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
 
-    def kv_blocks_of(self, config: str) -> int:
-        return self.unlimited_blocks if config == "unlimited" else self.kv_blocks
+    def kv_blocks_of(self, config: Config) -> int:
+        return self.unlimited_blocks if config.unlimited else self.kv_blocks
+
+    def extra_config_of(self, config: Config, mooncake_master: str | None) -> dict[str, object]:
+        """The extension's settings for ``config``."""
+        extra: dict[str, object] = {**(self.extra_config or {}), "prefetch": config.prefetch}
+        if config.tier is not None:
+            extra.update(tier=config.tier, tier_bytes=self.tier_bytes)
+        if config.tier == "mooncake":
+            extra.update(mooncake_master=mooncake_master, mooncake_segment_bytes=self.tier_bytes)
+        return extra
 
 
 @contextlib.contextmanager
-def serve(plan: ServerPlan, config: str, log_dir: Path) -> Iterator[LocalServer]:
-    """A fresh server for ``config``, stopped on exit."""
-    if config not in CONFIGS:
-        raise ValueError(f"unknown config {config!r}")
-    extension = config == "extension"
+def serve(plan: ServerPlan, config: Config, log_dir: Path) -> Iterator[LocalServer]:
+    """A fresh server for ``config`` (and its Mooncake master), stopped on exit."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    with local_server(
-        plan.model,
-        extension=extension,
-        kv_blocks=plan.kv_blocks_of(config),
-        block_size=plan.block_size,
-        max_model_len=plan.max_model_len,
-        extra_config=plan.extra_config if extension else None,
-        args=plan.server_args,
-        startup_timeout=plan.startup_timeout_s,
-        log_dir=log_dir,
-    ) as server:
+    with contextlib.ExitStack() as stack:
+        master = (
+            stack.enter_context(local_mooncake_master()).address
+            if config.tier == "mooncake"
+            else None
+        )
+        server = stack.enter_context(
+            local_server(
+                plan.model,
+                extension=config.extension,
+                kv_blocks=plan.kv_blocks_of(config),
+                block_size=plan.block_size,
+                max_model_len=plan.max_model_len,
+                extra_config=plan.extra_config_of(config, master) if config.extension else None,
+                args=plan.server_args,
+                startup_timeout=plan.startup_timeout_s,
+                log_dir=log_dir,
+            )
+        )
         yield server
 
 

@@ -1,10 +1,14 @@
 """``python -m benchmarks.replay``: real agentic traces through vLLM, with and without hints.
 
-Each configuration gets a fresh server (one at a time) and replays the same
-traces, all sessions concurrently:
+Each configuration gets a fresh server (one at a time, same KV capacity) and
+replays the same traces, all sessions concurrently. The matrix, each row adding
+one mechanism to the one above:
 
 - ``plain``: vLLM as shipped, ``--kv-blocks`` of KV;
-- ``extension``: the same server plus the agent-hints extension, requests hinted;
+- ``retention``: plus the agent-hints extension, clients send hints;
+- ``prefetch``: plus re-prefill warm-ups of idle branches before they return;
+- ``host``: plus a host-memory KV tier below the device cache;
+- ``mooncake``: the tier in a Mooncake Store instead (a local master is started);
 - ``unlimited``: plain vLLM with room for every distinct prompt block: the bound.
 
 Scaling: each 64-token trace block becomes ``--scale-k`` token ids (4: 1/16
@@ -19,7 +23,8 @@ this scale, so none is cut short (with 8: trace_0075, 0100, 0138, 0150, 0173,
 instead, each cut before its first prompt that does not fit.
 
 Reuse is reported against the theoretical maximum computed from the prompts in
-issue order (``benchmarks._traces.PrefixIndex``).
+issue order (``benchmarks._traces.PrefixIndex``). Writes the JSON (``--out``)
+and, beside it, a TTFT CDF and a reuse-over-time plot (PNG).
 """
 
 from __future__ import annotations
@@ -44,10 +49,13 @@ from typing import Any
 import httpx2
 
 from server_ext import LocalServer, make_test_model
+from server_ext.tier import MooncakeUnavailable, local_mooncake_master
 
+from ._plots import write_plots
+from ._progress import Progress
 from ._replay import ReplaySettings, RequestRecord, replay
 from ._report import ConfigRun, format_table, summarize, write_json
-from ._server import CONFIGS, MetricsSample, ServerPlan, sample_metrics, serve
+from ._server import CONFIGS, Config, MetricsSample, ServerPlan, sample_metrics, serve
 from ._traces import PrefixIndex, TokenMapper, Trace, default_traces_dir, select_traces
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--extension-config", default="{}", help="JSON kv_connector_extra_config for the extension"
+    )
+    p.add_argument(
+        "--tier-bytes",
+        type=int,
+        default=2 << 30,
+        help="host tier budget and Mooncake segment size, bytes (default 2 GiB)",
     )
     p.add_argument(
         "--server-args",
@@ -162,11 +176,17 @@ async def _replay_on(
     samples: list[MetricsSample] = []
     start = time.monotonic()
     sampler = asyncio.create_task(sample_metrics(server, SAMPLED, samples, start, sample_period_s))
-    print(f"[{name}] replaying {len(traces)} traces", flush=True)
+    total = sum(t.num_requests for t in traces)
     timeout = httpx2.Timeout(settings.request_timeout_s, connect=10.0)
     try:
-        async with httpx2.AsyncClient(timeout=timeout) as client:
-            records = await replay(traces, settings, client)
+        with Progress(name, total) as progress:
+            async with httpx2.AsyncClient(timeout=timeout) as client:
+                records = await replay(
+                    traces,
+                    settings,
+                    client,
+                    on_done=lambda r: progress.advance(failed=r.error is not None),
+                )
     finally:
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -177,13 +197,14 @@ async def _replay_on(
 
 
 def _run_config(
-    name: str,
+    config: Config,
     plan: ServerPlan,
     traces: Sequence[Trace],
     args: argparse.Namespace,
 ) -> ConfigRun:
-    print(f"[{name}] starting server: {plan.kv_blocks_of(name)} KV blocks", flush=True)
-    with serve(plan, name, args.out.parent) as server:
+    name = config.name
+    print(f"[{name}] {config.description}: {plan.kv_blocks_of(config)} KV blocks", flush=True)
+    with serve(plan, config, args.out.parent) as server:
         settings = ReplaySettings(
             base_url=server.root_url,
             model=server.model,
@@ -191,7 +212,7 @@ def _run_config(
             time_scale=args.time_scale,
             max_think_s=args.max_think,
             max_out=args.max_out,
-            hints=name == "extension",
+            hints=config.hints,
             block_size=args.block_size,
             concurrency=args.concurrency,
             tenant_per_trace=args.tenant_per_trace,
@@ -203,7 +224,7 @@ def _run_config(
     return ConfigRun(
         name=name,
         server_log=str(server.log_path),
-        kv_blocks=plan.kv_blocks_of(name),
+        kv_blocks=plan.kv_blocks_of(config),
         wall_s=wall,
         records=records,
         metrics_before=before,
@@ -213,12 +234,31 @@ def _run_config(
     )
 
 
+def _runnable(configs: list[Config]) -> list[Config]:
+    """``configs`` minus a Mooncake tier that cannot run here (said on stderr)."""
+    if not any(c.tier == "mooncake" for c in configs):
+        return configs
+    try:
+        with local_mooncake_master():
+            return configs
+    except MooncakeUnavailable as e:
+        print(f"skipping mooncake: {e}", file=sys.stderr)
+        return [c for c in configs if c.tier != "mooncake"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = sorted(set(configs) - set(CONFIGS))
-    if unknown or not configs:
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = sorted(set(names) - set(CONFIGS))
+    if unknown or not names:
         sys.exit(f"error: unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
+    try:
+        extension_config = json.loads(args.extension_config)
+    except json.JSONDecodeError as e:
+        sys.exit(f"error: --extension-config is not JSON ({e})")
+    if not isinstance(extension_config, dict):
+        sys.exit("error: --extension-config must be a JSON object")
+    configs = _runnable([CONFIGS[n] for n in names])
     traces_dir: Path = args.traces or default_traces_dir(REPO_ROOT)
     if not traces_dir.is_dir():
         sys.exit(
@@ -265,20 +305,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             unlimited_blocks=unlimited_blocks,
             block_size=args.block_size,
             max_model_len=args.max_model_len,
-            extra_config=json.loads(args.extension_config),
+            extra_config=extension_config,
+            tier_bytes=args.tier_bytes,
             server_args=tuple(shlex.split(args.server_args)),
             startup_timeout_s=args.startup_timeout,
         )
         runs: list[ConfigRun] = []
-        for name in configs:
-            runs.append(_run_config(name, plan, traces, args))
+        for config in configs:
+            runs.append(_run_config(config, plan, traces, args))
             print(format_table([summarize(r) for r in runs]), flush=True)
             write_json(args.out, header, runs)  # partial results survive a later failure
 
     summaries = [summarize(r) for r in runs]
     print()
     print(format_table(summaries))
-    print(f"\nwrote {args.out}")
+    plots = write_plots(runs, args.out.parent, args.out.stem)
+    print(f"\nwrote {args.out}" + "".join(f"\n      {p}" for p in plots))
     return 0 if all(s["failed"] == 0 for s in summaries) else 1
 
 

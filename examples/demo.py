@@ -2,8 +2,10 @@
 
 Starts a local vLLM CPU server (the generated tiny model, random weights) once
 without and once with the extension, replays a short slice of real agentic coding
-traces (../shared/traces) through each at the same KV capacity, and prints the
-comparison. The full matrix is ``make bench`` (``python -m benchmarks.replay``).
+traces (../shared/traces) through each at the same KV capacity, prints the
+comparison and where the JSON and the plots (TTFT CDF, reuse over time) went, and
+stops the server. The full matrix (prefetch, tiers, the unlimited bound) is
+``make bench`` (``python -m benchmarks.replay``).
 
     python -m examples.demo [--out results/demo.json] [any benchmarks.replay flag]
 """
@@ -20,7 +22,7 @@ DEMO_ARGS = (
     "--max-requests-per-trace", "16",
     "--time-scale", "20",
     "--kv-blocks", "160",
-    "--configs", "plain,extension",
+    "--configs", "plain,retention",
     "--out", "results/demo.json",
 )  # fmt: skip
 

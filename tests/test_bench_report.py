@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._replay import RequestRecord
+from benchmarks._replay import RequestRecord, hint_header
 from benchmarks._report import ConfigRun, format_table, summarize, write_json
 from benchmarks._server import MetricsSample
 
@@ -64,3 +64,60 @@ def test_table_has_a_row_per_config_and_ratio_rows(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert set(data["configs"]) == {"plain", "extension", "unlimited"}
     assert data["configs"]["plain"]["records"][0]["cached_tokens"] == 400
+
+
+def _timed(
+    trace: str, branch: str, seq: int, sent_at: float, latency: float | None, gap: float | None
+) -> RequestRecord:
+    hint = None if gap is None else hint_header(trace, branch, None, gap, end=False)
+    return RequestRecord(
+        trace_id=trace, branch=branch, seq=seq, sent_at=sent_at, prompt_tokens=100,
+        max_tokens=4, theoretical_cached=0, hint=hint, cached_tokens=0, latency_s=latency,
+    )  # fmt: skip
+
+
+def test_calibration_compares_each_hinted_gap_with_the_next_request_of_its_branch() -> None:
+    records = [  # issue order
+        _timed("t", "root", 0, 0.0, 1.0, 2.0),  # next root at 4.0: 3 s, within 2x
+        _timed("u", "root", 0, 0.5, None, 1.0),  # failed before its latency was known
+        _timed("t", "a1", 0, 1.0, 0.2, 0.5),  # next a1 at 3.2: 2 s, 4x
+        _timed("t", "a1", 1, 3.2, 0.3, 0.5),  # the branch's last request: no pair
+        _timed("t", "root", 1, 4.0, 0.5, 1.0),  # next root at once: 0 s (floored), ~100x
+        _timed("t", "root", 2, 4.5, 0.5, 1.0),
+        _timed("t", "a1", 0, 5.0, 0.2, 1.0),  # a second fork reusing the agent id
+        _timed("u", "root", 1, 5.0, 1.0, None),  # no hint
+        _timed("u", "root", 2, 7.0, 1.0, 1.0),
+    ]
+    c = summarize(_run("retention", records))["calibration"]
+    assert c["pairs"] == 3
+    assert (c["predicted_median_s"], c["actual_median_s"]) == (1.0, 2.0)
+    assert c["median_abs_log2_error"] == pytest.approx(2.0)  # of 0.58, 2 and 6.6
+    assert c["within_2x"] == pytest.approx(1 / 3)
+    assert summarize(_run("plain", [_record(1, 1, 0.1), _record(1, 1, 0.1)]))["calibration"] is None
+
+
+def test_tier_bytes_and_prefetches_are_deltas_of_their_counters() -> None:
+    tiered = _run(
+        "host",
+        [_record(600, 800, 0.1)],
+        agent_hints_tier_bytes_moved_total=3_500_000.0,
+        agent_hints_prefetch_total=7.0,
+    )
+    tiered.metrics_before["agent_hints_tier_bytes_moved_total"] = 500_000.0
+    s = summarize(tiered)
+    assert (s["tier_bytes_moved"], s["prefetch"]) == (3_000_000.0, 7.0)
+    plain = summarize(_run("plain", [_record(400, 800, 0.4)]))
+    assert (plain["tier_bytes_moved"], plain["prefetch"]) == (0.0, None)
+    lines = format_table([plain, s]).splitlines()
+    column = lines[0].index("tier MB") + len("tier MB")
+    assert [line[column - 5 : column].strip() for line in lines[2:4]] == ["-", "3.0"]
+
+
+def test_a_matrix_of_configs_gets_ratios_against_both_baselines() -> None:
+    names = ["plain", "retention", "prefetch", "host", "mooncake", "unlimited"]
+    table = format_table([summarize(_run(n, [_record(400, 800, 0.4)])) for n in names])
+    ratios = [line.split()[:3] for line in table.splitlines()[len(names) + 4 :]]
+    assert [f"{a} {b} {c}" for a, b, c in ratios] == [
+        *(f"{n} / plain" for n in names[1:-1]),
+        *(f"{n} / unlimited" for n in names[:-1]),
+    ]

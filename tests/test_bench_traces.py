@@ -254,3 +254,25 @@ def test_tenant_per_trace_sends_one_api_key_per_session() -> None:
 
     asyncio.run(go())
     assert sorted(k or "" for k in keys) == ["Bearer a", "Bearer b"]
+
+
+def test_on_done_reports_every_request_once_failed_or_not() -> None:
+    done: list[RequestRecord] = []
+    inner = _stub([], [0.0])
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        if json.loads(request.content)["prompt"][0] % 2:  # some requests fail
+            return httpx2.Response(500, content=b"boom")
+        return inner.handle_request(request)
+
+    async def go() -> list[RequestRecord]:
+        async with httpx2.AsyncClient(transport=httpx2.MockTransport(handle)) as client:
+            traces = [parse_trace({"id": i, "requests": [_req([1]), _req([1, 2])]}) for i in "abc"]
+            s = ReplaySettings(base_url="http://stub")
+            return await replay(traces, s, client, on_done=done.append)
+
+    records = asyncio.run(go())
+    assert len(done) == len(records) == 6
+    assert {id(r) for r in done} == {id(r) for r in records}
+    assert all(r.latency_s is not None or r.error is not None for r in done)
+    assert any(r.error for r in done) and any(r.error is None for r in done)

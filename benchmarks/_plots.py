@@ -1,0 +1,99 @@
+"""The replay benchmark's two plots (PNG), beside its JSON.
+
+The table gives TTFT quantiles and total reuse; the plots show what they hide:
+the whole TTFT distribution (a policy can move the tail, not the median), and
+when in the run reuse was gained or lost (e.g. once the KV cache fills up).
+Figures are drawn on the Agg canvas directly, without pyplot's global state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ._report import ConfigRun
+
+__all__ = ["write_plots"]
+
+
+def _ttft_cdf(run: ConfigRun) -> tuple[list[float], list[float]]:
+    ttft = sorted(r.ttft_s for r in run.records if r.error is None and r.ttft_s)
+    return ttft, [(i + 1) / len(ttft) for i in range(len(ttft))]
+
+
+def _reuse_over_time(run: ConfigRun) -> tuple[list[float], list[float]]:
+    """Cumulative reused / cumulative theoretical tokens, at the time each
+    request's usage arrived; points before any reuse was possible are left out."""
+    done = sorted(
+        (r.sent_at + r.latency_s, r.cached_tokens, r.theoretical_cached)
+        for r in run.records
+        if r.error is None and r.cached_tokens is not None and r.latency_s is not None
+    )
+    cached = accumulate(c for _, c, _ in done)
+    theory = accumulate(t for _, _, t in done)
+    points = [(t, c / m) for (t, _, _), c, m in zip(done, cached, theory, strict=True) if m]
+    return [t for t, _ in points], [f for _, f in points]
+
+
+def _figure(
+    path: Path,
+    runs: Sequence[ConfigRun],
+    series: Callable[[ConfigRun], tuple[list[float], list[float]]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    log_x: bool = False,
+) -> Path:
+    fig = Figure(figsize=(7.0, 4.5), layout="tight")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    drawn = False
+    for run in runs:
+        x, y = series(run)
+        if x:
+            ax.step(x, y, where="post", label=f"{run.name} (n={len(x)})")
+            drawn = True
+    if drawn:
+        ax.legend(loc="best", fontsize="small")
+        if log_x:
+            ax.set_xscale("log")
+    else:
+        ax.text(0.5, 0.5, "no usable records", ha="center", transform=ax.transAxes)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0.0)
+    ax.grid(True, alpha=0.3)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def write_plots(runs: Sequence[ConfigRun], out_dir: Path, stem: str) -> list[Path]:
+    """Write ``<stem>-ttft-cdf.png`` and ``<stem>-reuse-over-time.png`` into
+    ``out_dir``, one line per configuration (none for a run without usable
+    records); returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        _figure(
+            out_dir / f"{stem}-ttft-cdf.png",
+            runs,
+            _ttft_cdf,
+            title="TTFT distribution per configuration",
+            xlabel="TTFT (s, log scale)",
+            ylabel="fraction of requests",
+            log_x=True,
+        ),
+        _figure(
+            out_dir / f"{stem}-reuse-over-time.png",
+            runs,
+            _reuse_over_time,
+            title="Prefix reuse over the run",
+            xlabel="time since run start (s)",
+            ylabel="reused / theoretical max (cumulative)",
+        ),
+    ]
