@@ -24,6 +24,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument(
         "--prefetch", action="store_true", default=None, help="warm idle branches before return"
     )
+    serve.add_argument(
+        "--max-defer",
+        type=float,
+        dest="max_defer_s",
+        help="warm-first admission: longest a cold prefill waits for cheaper ones (s, 0: off)",
+    )
     serve.add_argument("--print-command", action="store_true", help="print the argv and exit")
     make = commands.add_parser("make-test-model", help="write the tiny test checkpoint")
     make.add_argument("directory")
@@ -39,7 +45,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ._launcher import vllm_command
 
-    knobs = ("max_held_fraction", "max_tenant_fraction", "ttl_cap_s", "default_ttl_s")
+    knobs = (
+        "max_held_fraction",
+        "max_tenant_fraction",
+        "ttl_cap_s",
+        "default_ttl_s",
+        "max_defer_s",
+    )
     extra: dict[str, object] = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
     if args.tenant_header:
         extra["tenant_header"] = args.tenant_header

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .policy import PolicyConfig
+from .policy import AdmissionConfig, PolicyConfig, WarmFirstGate
 
 __all__ = ["CONNECTOR_MODULE", "CONNECTOR_NAME", "ExtensionConfig", "ExtensionConfigError"]
 
@@ -38,6 +38,9 @@ class ExtensionConfig:
             prefix-cache entries (closes the cross-tenant timing side channel).
         prefetch: Re-prefill an idle branch's last prompt (a 1-token warm-up) while
             the engine is idle, just before the branch is expected back.
+        max_defer_s: Warm-first admission: a hinted request with a long uncached
+            prefill may wait up to this long while cheaper hinted requests go
+            first (0 turns it off: first come, first served).
     """
 
     max_held_fraction: float = 0.5
@@ -47,6 +50,7 @@ class ExtensionConfig:
     tenant_header: str | None = None
     salt_per_tenant: bool = False
     prefetch: bool = False
+    max_defer_s: float = 10.0
 
     @classmethod
     def from_mapping(cls, extra: Mapping[str, object] | None) -> ExtensionConfig:
@@ -86,3 +90,9 @@ class ExtensionConfig:
             )
         except ValueError as e:
             raise ExtensionConfigError(f"kv_connector_extra_config: {e}") from e
+
+    def admission_gate(self) -> WarmFirstGate | None:
+        """The warm-first gate, or None when ``max_defer_s`` is 0."""
+        if self.max_defer_s == 0:
+            return None
+        return WarmFirstGate(AdmissionConfig(max_defer_s=self.max_defer_s))

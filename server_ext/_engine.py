@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
@@ -36,6 +37,7 @@ from .policy import (
     RetentionPolicy,
     ToolEndEvent,
     ToolStartEvent,
+    WarmFirstGate,
 )
 
 __all__ = [
@@ -173,9 +175,17 @@ class EngineRetention:
     An ``end`` of its branch while it runs cancels that retention.
     """
 
-    def __init__(self, policy: RetentionPolicy, pool: BlockPort) -> None:
+    def __init__(
+        self,
+        policy: RetentionPolicy,
+        pool: BlockPort,
+        gate: WarmFirstGate | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.policy = policy
         self._pool = pool
+        self._gate = gate
+        self._clock = clock
         # Requests seen by ``request_started`` whose branch may be retained.
         self._keys: dict[str, _Tracked] = {}
         self.faults = 0
@@ -184,9 +194,17 @@ class EngineRetention:
     def stats(self) -> PolicyStats:
         return self.policy.stats
 
+    @property
+    def deferrals(self) -> int:
+        """Times a long cold prefill was passed over for a cheaper request."""
+        return self._gate.deferrals if self._gate is not None else 0
+
     @_contained(False)
-    def request_added(self, request_id: str, params: Mapping[str, Any] | None) -> bool:
-        """Register a hinted request; False when it carries no usable hint."""
+    def request_added(
+        self, request_id: str, params: Mapping[str, Any] | None, prompt_blocks: int = 0
+    ) -> bool:
+        """Register a hinted request of ``prompt_blocks`` full blocks; False
+        when it carries no usable hint."""
         read = read_hint_params(params)
         if read is None:
             return False
@@ -202,11 +220,25 @@ class EngineRetention:
         self._keys[request_id] = _Tracked(key, branch_hints, read.prefetch)
         if not read.prefetch:
             self.policy.on_request_arrived(key)
+            if self._gate is not None:
+                held = self.policy.retention(key)
+                estimate = prompt_blocks - len(held.block_ids) if held is not None else None
+                self._gate.arrived(request_id, self._clock(), estimate)
         return True
+
+    @_contained(False)
+    def defers(self, request_id: str, uncached_blocks: int) -> bool:
+        """Should the scheduler pass over ``request_id`` (which would compute
+        ``uncached_blocks``) this step, for a cheaper hinted request?"""
+        if self._gate is None:
+            return False
+        return self._gate.defer(request_id, max(uncached_blocks, 0), self._clock())
 
     @_contained(None)
     def request_scheduled(self, request_id: str) -> None:
         """The request now holds its own block references: its branch returned."""
+        if self._gate is not None:
+            self._gate.left(request_id)
         entry = self._keys.get(request_id)
         if entry is not None and not entry.prefetch:
             self._apply(self.policy.on_request_started(entry.key))
@@ -214,6 +246,8 @@ class EngineRetention:
     @_contained(None)
     def request_finished(self, request_id: str, block_ids: Sequence[int]) -> None:
         """Before vLLM frees the request's blocks: retain them per the hints."""
+        if self._gate is not None:
+            self._gate.left(request_id)
         entry = self._keys.pop(request_id, None)
         if entry is None:
             return

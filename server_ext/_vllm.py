@@ -5,8 +5,9 @@ between releases, so the extension pins ``SUPPORTED_VLLM`` and touches vLLM only
 here:
 
 - ``KVConnectorBase_V1`` (scheduler role): ``bind_kv_cache_manager``,
-  ``on_new_request``, ``get_num_new_matched_tokens`` / ``update_state_after_alloc``
-  (tier loads), ``build_connector_meta`` (every step), ``update_connector_output``,
+  ``on_new_request``, ``get_num_new_matched_tokens`` (tier loads; ``None`` defers
+  a request one step: warm-first admission), ``update_state_after_alloc``,
+  ``build_connector_meta`` (every step), ``update_connector_output``,
   ``request_finished`` (before blocks are freed), ``get_kv_connector_stats`` /
   ``build_prom_metrics`` (metrics); ``KVTransferConfig.kv_load_failure_policy``
   (set to ``recompute`` when a tier is on: a tier miss is recomputed, never fails);
@@ -181,6 +182,7 @@ _COUNTERS = {
     "clipped": "Retention hints clipped by a budget or TTL cap",
     "rejected": "Retention hints rejected (over budget, unknown branch)",
     "faults": "Internal retention faults contained (the engine served without hints)",
+    "deferrals": "Scheduler steps a long cold prefill waited for a cheaper hinted request",
     "tier_hits": "KV blocks loaded from the tier instead of recomputed",
     "tier_misses": "KV blocks past the device cache that the tier did not hold",
     "tier_load_failures": "Planned tier loads that failed (the blocks were recomputed)",
@@ -344,7 +346,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
     def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
         policy = RetentionPolicy(self._config.policy_config(self._total_blocks))
-        retention = EngineRetention(policy, _PoolPort(kv_cache_manager.block_pool))
+        retention = EngineRetention(
+            policy, _PoolPort(kv_cache_manager.block_pool), self._config.admission_gate()
+        )
         self._retention = retention
         block_size = self._block_size
         allocate: Callable[..., Any] = kv_cache_manager.allocate_slots
@@ -370,7 +374,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
 
     def on_new_request(self, request: Request) -> None:
         if self._retention is not None:
-            self._retention.request_added(request.request_id, request.kv_transfer_params)
+            self._retention.request_added(
+                request.request_id, request.kv_transfer_params, len(request.block_hashes)
+            )
         if self._planner is not None:
             identity = _tier_identity(request.kv_transfer_params, self._config.ttl_cap_s)
             if identity is not None:
@@ -380,15 +386,23 @@ class AgentHintsConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        if self._planner is None or request.request_id not in self._tier_requests:
-            return 0, False
-        try:
-            tokens = self._planner.lookup(
-                request.request_id, request.block_hashes, request.num_tokens, num_computed_tokens
-            )
-        except Exception:
-            self._contained("lookup")
-            return 0, False
+        # None = "not now": the scheduler passes over the request this step
+        # (warm-first admission) and considers it again on the next.
+        tokens = 0
+        if self._planner is not None and request.request_id in self._tier_requests:
+            try:
+                tokens = self._planner.lookup(
+                    request.request_id, request.block_hashes, request.num_tokens,
+                    num_computed_tokens,
+                )  # fmt: skip
+            except Exception:
+                self._contained("lookup")
+        if self._retention is not None:
+            cached_blocks = (num_computed_tokens + tokens) // self._block_size
+            if self._retention.defers(
+                request.request_id, len(request.block_hashes) - cached_blocks
+            ):
+                return None, False
         return tokens, False
 
     def update_state_after_alloc(
@@ -465,6 +479,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         if self._retention is not None:
             now.update(dataclasses.asdict(self._retention.stats))
             now["faults"] = self._retention.faults
+            now["deferrals"] = self._retention.deferrals
         if self._planner is not None:
             counters = dataclasses.asdict(self._planner.counters)
             now.update({f"tier_{name}": value for name, value in counters.items()})

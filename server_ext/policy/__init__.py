@@ -5,10 +5,12 @@ hold across tool gaps and when to let them go; an adapter applies its
 ``Hold``/``Release`` actions to vLLM's block pool. The same code runs in the
 engine core, in unit tests with a fake clock, and in simulators.
 ``PrefetchPlanner`` plans when to bring an idle branch's KV back before it
-returns, from the same gap estimates.
+returns, from the same gap estimates; ``WarmFirstGate`` lets a mostly cached
+request be admitted before a long cold prefill.
 """
 
 from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
+from ._admission import AdmissionConfig, WarmFirstGate
 from ._config import EstimatorConfig, PolicyConfig
 from ._estimator import GapEstimator, Prediction
 from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent, ToolStartEvent
@@ -21,6 +23,7 @@ __all__ = [
     "MAX_CHILDREN",
     "ROOT",
     "Action",
+    "AdmissionConfig",
     "BranchHints",
     "BranchKey",
     "ControlEvent",
@@ -44,4 +47,5 @@ __all__ = [
     "RetentionPolicy",
     "ToolEndEvent",
     "ToolStartEvent",
+    "WarmFirstGate",
 ]

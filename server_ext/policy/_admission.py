@@ -1,0 +1,85 @@
+"""Warm-first admission: a mostly cached request goes before a long cold prefill."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """Bounds of ``WarmFirstGate``.
+
+    Args:
+        max_defer_s: Longest a request is held back after it arrived (0: never).
+        min_gain_blocks: Defer only for a request at least this many uncached
+            blocks cheaper (smaller gains are not worth reordering for).
+    """
+
+    max_defer_s: float = 10.0
+    min_gain_blocks: int = 4
+
+    def __post_init__(self) -> None:
+        if self.max_defer_s < 0 or self.min_gain_blocks < 1:
+            raise ValueError("max_defer_s must be >= 0 and min_gain_blocks >= 1")
+
+
+class WarmFirstGate:
+    """Shortest prefill first among hinted requests waiting for the engine, bounded.
+
+    vLLM admits waiting requests first come, first served. Under load that
+    interleaves every session, and each long cold prefill evicts the prefixes
+    of the sessions queued behind it, whose requests then turn cold too. The
+    gate lets the scheduler pass over (one step at a time) a hinted request
+    whose uncached prefill is long while another waiting hinted request needs
+    at most half as many blocks: short jobs first lowers the mean wait, and a
+    warm prefix is used before anything can evict it.
+
+    Pure and synchronous, driven by the adapter's scheduler events and an
+    explicit ``now``. Invariants:
+      - ``_waiting`` holds exactly the hinted requests that arrived and have
+        been neither scheduled nor finished, with their arrival time and the
+        best known count of uncached blocks (None until known).
+      - A request is never deferred at or after ``arrival + max_defer_s``, so
+        the gate only reorders; it cannot starve. Unhinted requests never
+        enter the gate and are never deferred.
+    """
+
+    def __init__(self, config: AdmissionConfig | None = None) -> None:
+        self.config = config or AdmissionConfig()
+        self._waiting: dict[str, tuple[float, int | None]] = {}
+        self.deferrals = 0
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def arrived(self, request_id: str, now: float, uncached_blocks: int | None = None) -> None:
+        """A hinted request reached the engine; ``uncached_blocks`` is an
+        estimate (e.g. its prompt past its branch's retained blocks)."""
+        self._waiting[request_id] = (now, uncached_blocks)
+
+    def defer(self, request_id: str, uncached_blocks: int, now: float) -> bool:
+        """The scheduler considers ``request_id``, which would compute
+        ``uncached_blocks``: should it wait for a cheaper request this step?"""
+        entry = self._waiting.get(request_id)
+        if entry is None:
+            return False
+        arrived_at = entry[0]
+        self._waiting[request_id] = (arrived_at, uncached_blocks)
+        if now - arrived_at >= self.config.max_defer_s:
+            return False
+        cheapest = min(
+            (m for rid, (_, m) in self._waiting.items() if rid != request_id and m is not None),
+            default=None,
+        )
+        if cheapest is None:
+            return False
+        gain = uncached_blocks - cheapest
+        if gain < self.config.min_gain_blocks or 2 * cheapest > uncached_blocks:
+            return False
+        self.deferrals += 1
+        return True
+
+    def left(self, request_id: str) -> None:
+        """The request was scheduled or finished: no longer waiting."""
+        self._waiting.pop(request_id, None)

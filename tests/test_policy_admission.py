@@ -1,0 +1,64 @@
+"""Warm-first admission: short prefills first among hinted requests, never starving."""
+
+from __future__ import annotations
+
+import pytest
+
+from server_ext.policy import AdmissionConfig, WarmFirstGate
+
+
+def gate(max_defer_s: float = 10.0) -> WarmFirstGate:
+    return WarmFirstGate(AdmissionConfig(max_defer_s=max_defer_s, min_gain_blocks=4))
+
+
+def test_a_cold_request_waits_for_a_much_cheaper_one() -> None:
+    g = gate()
+    g.arrived("cold", now=0.0)
+    g.arrived("warm", now=0.5, uncached_blocks=2)  # its branch's blocks are retained
+    assert g.defer("cold", 100, now=1.0)
+    assert not g.defer("warm", 2, now=1.0)
+    g.left("warm")  # scheduled
+    assert not g.defer("cold", 100, now=1.5)
+    assert g.deferrals == 1
+
+
+def test_no_deferral_for_small_gains_or_unknown_costs() -> None:
+    g = gate()
+    g.arrived("a", now=0.0)
+    g.arrived("unknown", now=0.0)  # not considered yet, nothing retained
+    assert not g.defer("a", 100, now=0.1)
+    g.arrived("similar", now=0.0, uncached_blocks=60)  # more than half of 100
+    assert not g.defer("a", 100, now=0.2)
+    g.arrived("cheap", now=0.0, uncached_blocks=3)
+    g.arrived("b", now=0.0)
+    assert not g.defer("b", 6, now=0.2)  # 3 blocks saved: below min_gain_blocks
+    assert not g.defer("unhinted", 100, now=0.2)  # never entered the gate
+    assert g.defer("a", 100, now=0.3)
+
+
+def test_a_request_is_never_deferred_past_its_bound() -> None:
+    g = gate(max_defer_s=2.0)
+    g.arrived("cold", now=0.0)
+    g.arrived("warm", now=0.0, uncached_blocks=0)
+    assert g.defer("cold", 50, now=1.9)
+    assert not g.defer("cold", 50, now=2.0)
+
+
+def test_costs_learned_when_considered_are_used_for_others() -> None:
+    g = gate()
+    g.arrived("first", now=0.0)
+    g.arrived("second", now=0.0)
+    assert not g.defer("second", 1, now=0.0)  # considered: its cost is now known
+    assert g.defer("first", 80, now=0.1)
+    g.left("second")
+    g.left("first")
+    assert g.waiting == 0
+
+
+def test_zero_disables_and_bad_bounds_are_rejected() -> None:
+    g = gate(max_defer_s=0.0)
+    g.arrived("cold", now=0.0)
+    g.arrived("warm", now=0.0, uncached_blocks=0)
+    assert not g.defer("cold", 100, now=0.0)
+    with pytest.raises(ValueError, match="max_defer_s"):
+        AdmissionConfig(max_defer_s=-1.0)
