@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
-from server_ext.policy import AdmissionConfig, WarmFirstGate
+from hints_spec import AgentHints
+from server_ext._engine import EngineRetention, hint_params
+from server_ext.policy import AdmissionConfig, PolicyConfig, RetentionPolicy, WarmFirstGate
 
 
 def gate(max_defer_s: float = 10.0) -> WarmFirstGate:
@@ -62,3 +66,27 @@ def test_zero_disables_and_bad_bounds_are_rejected() -> None:
     assert not g.defer("cold", 100, now=0.0)
     with pytest.raises(ValueError, match="max_defer_s"):
         AdmissionConfig(max_defer_s=-1.0)
+
+
+class _Pool:
+    def hold(self, block_ids: Sequence[int]) -> None: ...
+
+    def release(self, block_ids: Sequence[int]) -> None: ...
+
+
+def test_the_engine_estimates_a_returning_branch_from_its_retained_blocks() -> None:
+    now = [0.0]
+    policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), lambda: now[0])
+    engine = EngineRetention(policy, _Pool(), gate(), clock=lambda: now[0])
+    warm = hint_params("t", AgentHints(sid="warm", gap=1.0))
+    assert engine.request_added("w1", warm, prompt_blocks=10)
+    engine.request_scheduled("w1")
+    engine.request_finished("w1", list(range(10)))  # 10 blocks retained
+    assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=90)
+    now[0] = 1.0
+    assert engine.request_added("w2", warm, prompt_blocks=12)  # ~2 blocks to compute
+    assert engine.defers("c1", 90)
+    assert not engine.defers("w2", 2)
+    engine.request_scheduled("w2")
+    assert not engine.defers("c1", 90) and engine.deferrals == 1
+    assert not engine.defers("plain-request", 90)  # unhinted: never deferred
