@@ -230,9 +230,12 @@ class EngineRetention:
     def defers(self, request_id: str, uncached_blocks: int) -> bool:
         """Should the scheduler pass over ``request_id`` (which would compute
         ``uncached_blocks``) this step, for a cheaper hinted request?"""
-        if self._gate is None:
+        entry = self._keys.get(request_id)
+        if self._gate is None or entry is None:
             return False
-        return self._gate.defer(request_id, max(uncached_blocks, 0), self._clock())
+        now = self._clock()
+        due = self.policy.return_due(now, self._gate.config.lookahead_s, entry.key)
+        return self._gate.defer(request_id, max(uncached_blocks, 0), now, warm_return_due=due)
 
     @_contained(None)
     def request_scheduled(self, request_id: str) -> None:

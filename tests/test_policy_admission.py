@@ -8,7 +8,14 @@ import pytest
 
 from hints_spec import AgentHints
 from server_ext._engine import EngineRetention, hint_params
-from server_ext.policy import AdmissionConfig, PolicyConfig, RetentionPolicy, WarmFirstGate
+from server_ext.policy import (
+    AdmissionConfig,
+    BranchHints,
+    BranchKey,
+    PolicyConfig,
+    RetentionPolicy,
+    WarmFirstGate,
+)
 
 
 def gate(max_defer_s: float = 10.0) -> WarmFirstGate:
@@ -90,3 +97,25 @@ def test_the_engine_estimates_a_returning_branch_from_its_retained_blocks() -> N
     engine.request_scheduled("w2")
     assert not engine.defers("c1", 90) and engine.deferrals == 1
     assert not engine.defers("plain-request", 90)  # unhinted: never deferred
+
+
+def test_a_retained_branch_due_back_counts_as_a_free_waiting_request() -> None:
+    g = gate(max_defer_s=5.0)
+    g.arrived("cold", now=0.0)
+    assert not g.defer("cold", 40, now=0.1)
+    assert g.defer("cold", 40, now=0.2, warm_return_due=True)
+    assert not g.defer("cold", 3, now=0.3, warm_return_due=True)  # too small to matter
+    assert not g.defer("cold", 40, now=5.0, warm_return_due=True)  # its bound
+
+
+def test_the_policy_says_when_a_retained_branch_is_due() -> None:
+    p = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), lambda: 0.0)
+    soon, me = BranchKey("t", "soon"), BranchKey("t", "me")
+    p.on_request_finished(soon, (1, 2), BranchHints(gap=2.0), True, now=0.0)
+    p.on_request_finished(me, (3, 4), BranchHints(gap=0.5), True, now=0.0)
+    expected = p.retention(soon).expected_return  # type: ignore[union-attr]
+    assert p.return_due(expected - 0.5, 1.0, other_than=me)
+    assert not p.return_due(expected + 5.0, 1.0, other_than=me)
+    assert not p.return_due(0.5, 0.1, other_than=me)  # only ``me`` is due then
+    p.on_request_arrived(soon, now=expected)
+    assert not p.return_due(expected, 1.0, other_than=me)  # arrived: a real waiting request

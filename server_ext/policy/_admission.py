@@ -13,14 +13,17 @@ class AdmissionConfig:
         max_defer_s: Longest a request is held back after it arrived (0: never).
         min_gain_blocks: Defer only for a request at least this many uncached
             blocks cheaper (smaller gains are not worth reordering for).
+        lookahead_s: A retained branch expected back within this many seconds
+            (before or after now) counts as due.
     """
 
     max_defer_s: float = 10.0
     min_gain_blocks: int = 4
+    lookahead_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.max_defer_s < 0 or self.min_gain_blocks < 1:
-            raise ValueError("max_defer_s must be >= 0 and min_gain_blocks >= 1")
+        if self.max_defer_s < 0 or self.min_gain_blocks < 1 or self.lookahead_s < 0:
+            raise ValueError("max_defer_s and lookahead_s must be >= 0 and min_gain_blocks >= 1")
 
 
 class WarmFirstGate:
@@ -31,8 +34,11 @@ class WarmFirstGate:
     of the sessions queued behind it, whose requests then turn cold too. The
     gate lets the scheduler pass over (one step at a time) a hinted request
     whose uncached prefill is long while another waiting hinted request needs
-    at most half as many blocks: short jobs first lowers the mean wait, and a
-    warm prefix is used before anything can evict it.
+    at most half as many blocks, or while a retained branch is due back (its
+    request will be nearly free): short jobs first lowers the mean wait, and a
+    warm prefix is used before anything can evict it. Under overload this is
+    load control against thrashing: the sessions whose KV is resident keep
+    cycling while a cold one waits, at most ``max_defer_s``.
 
     Pure and synchronous, driven by the adapter's scheduler events and an
     explicit ``now``. Invariants:
@@ -58,9 +64,16 @@ class WarmFirstGate:
         estimate (e.g. its prompt past its branch's retained blocks)."""
         self._waiting[request_id] = (now, uncached_blocks)
 
-    def defer(self, request_id: str, uncached_blocks: int, now: float) -> bool:
+    def defer(
+        self, request_id: str, uncached_blocks: int, now: float, warm_return_due: bool = False
+    ) -> bool:
         """The scheduler considers ``request_id``, which would compute
-        ``uncached_blocks``: should it wait for a cheaper request this step?"""
+        ``uncached_blocks``: should it wait this step for a cheaper request?
+
+        ``warm_return_due`` says that a retained branch is due back about now:
+        its request will be nearly free, so it counts as a waiting one that
+        needs no blocks (admitting a cold prefill first would evict it).
+        """
         entry = self._waiting.get(request_id)
         if entry is None:
             return False
@@ -68,10 +81,10 @@ class WarmFirstGate:
         self._waiting[request_id] = (arrived_at, uncached_blocks)
         if now - arrived_at >= self.config.max_defer_s:
             return False
-        cheapest = min(
+        cheapest = 0 if warm_return_due else min(
             (m for rid, (_, m) in self._waiting.items() if rid != request_id and m is not None),
             default=None,
-        )
+        )  # fmt: skip
         if cheapest is None:
             return False
         gain = uncached_blocks - cheapest

@@ -308,6 +308,16 @@ class RetentionPolicy:
                 break
         return actions
 
+    def return_due(self, now: float, within_s: float, other_than: BranchKey) -> bool:
+        """Is a retained branch (not ``other_than``, not yet arrived) expected
+        back within ``within_s`` of ``now``, before or after?"""
+        return any(
+            r.arrived_at is None
+            and r.key != other_than
+            and abs(r.expected_return - now) <= within_s
+            for r in self._retentions.values()
+        )
+
     def expected_return(self, key: BranchKey, gap: float | None) -> float | None:
         """When departed branch ``key`` is predicted back (its client ``gap``
         as prior), or None if it is not expected (never left, or ended)."""
