@@ -19,5 +19,5 @@ check: bootstrap
 bench: bootstrap
 	.venv/bin/python -m benchmarks.replay --n-traces 8 --scale-k 4 --time-scale 10 \
 	  --max-think 30 --kv-blocks 256 --block-size 64 --max-model-len 8192 \
-	  --extension-config '{"max_held_fraction": 1.0, "max_tenant_fraction": 1.0}' \
+	  --extension-config '{"max_held_fraction": 1.0, "max_tenant_fraction": 1.0, "max_defer_s": 20}' \
 	  --out results/matrix.json
