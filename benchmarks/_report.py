@@ -101,6 +101,20 @@ def _calibration(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
     }
 
 
+def _server_calibration(hints: Mapping[str, float]) -> dict[str, Any] | None:
+    """The server's predicted vs actual return of branches (its gap estimator,
+    the client's ``gap`` as prior, learned per session and tool), from the
+    extension's counters. None when the server predicted no return."""
+    n = hints.get("predicted_returns", 0.0)
+    if not n:
+        return None
+    return {
+        "returns": int(n),
+        "mean_abs_log2_error": hints.get("return_log2_error_sum", 0.0) / n,
+        "within_2x": hints.get("returns_within_2x", 0.0) / n,
+    }
+
+
 def summarize(run: ConfigRun) -> dict[str, Any]:
     """The headline numbers of one configuration (JSON-ready)."""
     ok = [r for r in run.records if r.error is None]
@@ -147,6 +161,7 @@ def summarize(run: ConfigRun) -> dict[str, Any]:
         "tier_bytes_moved": _delta(run, _TIER_MOVED),
         "prefetch": _delta(run, _PREFETCH) if _PREFETCH in run.metrics_after else None,
         "calibration": _calibration(run.records),
+        "server_calibration": _server_calibration(hints),
         "load_avg_at_end": list(run.load_avg),
     }
     if hints:

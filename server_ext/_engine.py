@@ -299,7 +299,7 @@ class EngineRetention:
         if entry is None:
             actions = self.policy.make_room(max(blocks_needed, 1))
         else:
-            due = self.policy.expected_return(entry.key, entry.hints.gap)
+            due = self.policy.expected_return(entry.key)
             actions = self.policy.make_room(
                 max(blocks_needed, 1),
                 spare=entry.key,

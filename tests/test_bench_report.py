@@ -96,6 +96,19 @@ def test_calibration_compares_each_hinted_gap_with_the_next_request_of_its_branc
     assert summarize(_run("plain", [_record(1, 1, 0.1), _record(1, 1, 0.1)]))["calibration"] is None
 
 
+def test_server_calibration_comes_from_the_extension_counters() -> None:
+    run = _run(
+        "retention",
+        [_record(1, 1, 0.1)],
+        agent_hints_predicted_returns_total=4.0,
+        agent_hints_return_log2_error_sum_total=2.0,
+        agent_hints_returns_within_2x_total=3.0,
+    )
+    c = summarize(run)["server_calibration"]
+    assert c == {"returns": 4, "mean_abs_log2_error": 0.5, "within_2x": 0.75}
+    assert summarize(_run("plain", [_record(1, 1, 0.1)]))["server_calibration"] is None
+
+
 def test_tier_bytes_and_prefetches_are_deltas_of_their_counters() -> None:
     tiered = _run(
         "host",

@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from server_ext.policy import EstimatorConfig, GapEstimator
+from server_ext.policy import (
+    BranchHints,
+    BranchKey,
+    EstimatorConfig,
+    GapEstimator,
+    PolicyConfig,
+    RetentionPolicy,
+)
 
 
 def test_client_prior_dominates_without_observations() -> None:
@@ -77,3 +84,20 @@ def test_zero_gap_is_floored() -> None:
     est = GapEstimator()
     est.observe("t", "s", None, 0.0)
     assert est.predict("t", "s", None, client_gap=0.0).expected_s > 0.0
+
+
+def test_the_policy_checks_each_predicted_return_against_the_actual_gap() -> None:
+    p = RetentionPolicy(PolicyConfig(total_blocks=100), clock=lambda: 0.0)
+    key = BranchKey("t", "s")
+    p.on_request_finished(key, (1, 2), BranchHints(gap=4.0), True, now=0.0)
+    predicted = p.expected_return(key)
+    assert predicted is not None and 3.0 < predicted < 5.0
+    p.on_request_arrived(key, now=2 * predicted)  # twice as late as predicted
+    assert p.stats.return_log2_error_sum == pytest.approx(1.0)
+    p.on_request_finished(key, (1, 2), BranchHints(gap=4.0), True, now=10.0)
+    second = (p.expected_return(key) or 0.0) - 10.0
+    p.on_request_arrived(key, now=10.0 + 100.0)  # far off
+    stats = p.stats
+    assert stats.predicted_returns == 2 and stats.returns_within_2x == 1
+    assert stats.return_log2_error_sum == pytest.approx(1.0 + math.log2(100.0 / second))
+    assert p.expected_return(key) is None  # back: no longer expected

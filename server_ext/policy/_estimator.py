@@ -10,7 +10,7 @@ from typing import Generic, TypeVar
 
 from ._config import EstimatorConfig
 
-_MIN_GAP_S = 0.01
+MIN_GAP_S = 0.01
 """Gaps are floored here before taking logs (a zero gap means "at once")."""
 
 _K = TypeVar("_K")
@@ -107,7 +107,7 @@ class GapEstimator:
 
     def observe(self, tenant: str, sid: str, tool: str | None, seconds: float) -> None:
         """Record one observed gap of session ``sid`` (after tool ``tool``)."""
-        x = math.log(max(seconds, _MIN_GAP_S))
+        x = math.log(max(seconds, MIN_GAP_S))
         memory = self._config.memory
         self._sessions.add((tenant, sid), x, memory)
         if tool is not None:
@@ -121,7 +121,7 @@ class GapEstimator:
         if client_gap is None:
             sources = [(c.prior_weight, math.log(c.prior_gap_s), c.prior_sigma**2)]
         else:
-            sources = [(c.hint_weight, math.log(max(client_gap, _MIN_GAP_S)), c.hint_sigma**2)]
+            sources = [(c.hint_weight, math.log(max(client_gap, MIN_GAP_S)), c.hint_sigma**2)]
         learned = [self._sessions.get((tenant, sid))]
         if tool is not None:
             learned.append(self._tools.get((tenant, tool)))

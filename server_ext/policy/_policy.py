@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
 from ._config import PolicyConfig
-from ._estimator import GapEstimator
+from ._estimator import MIN_GAP_S, GapEstimator
 from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent
 from ._keys import ROOT, BranchHints, BranchKey
 from ._ledger import BlockLedger
@@ -37,6 +39,9 @@ class PolicyStats:
     replacements: int
     returns: int
     resets: int
+    predicted_returns: int
+    return_log2_error_sum: float
+    returns_within_2x: int
 
 
 class RetentionPolicy:
@@ -94,10 +99,11 @@ class RetentionPolicy:
         self._tokens = itertools.count()
         # Departure time and tool of branches expected back, kept after their
         # retention is gone so that late returns still teach the estimator.
-        self._pending: OrderedDict[BranchKey, tuple[float, str | None]] = OrderedDict()
+        self._pending: OrderedDict[BranchKey, _Departure] = OrderedDict()
         self._released: Counter[ReleaseReason] = Counter()
         self._outcomes: Counter[Outcome] = Counter()
         self._holds = 0
+        self._calibration = _Calibration()
 
     # Introspection.
 
@@ -137,6 +143,9 @@ class RetentionPolicy:
             replacements=r[ReleaseReason.REPLACED],
             returns=r[ReleaseReason.RETURNED],
             resets=r[ReleaseReason.RESET],
+            predicted_returns=self._calibration.returns,
+            return_log2_error_sum=self._calibration.log2_error_sum,
+            returns_within_2x=self._calibration.within_2x,
         )
 
     # Request events.
@@ -187,7 +196,7 @@ class RetentionPolicy:
         if not (tool_calls or hints.gap is not None):
             return self._decide(actions)
         if departs:
-            self._depart(key, now, hints.tool)
+            self._depart(key, now, hints.tool, hints.gap)
         horizon = now + self._hold_limit(hints.ttl)
         blocks = tuple(dict.fromkeys(block_ids))
         if horizon <= now or not blocks:  # ttl 0 asks for no retention
@@ -244,18 +253,20 @@ class RetentionPolicy:
         r = self._retentions.get(key)
         if r is None:
             return self._decide([], Outcome.REJECTED, Reason.UNKNOWN_BRANCH)
+        departed = self._pending.get(key)
         if isinstance(event, ToolEndEvent):
             # Coming back now: keep it at least min_retain_s for the request.
             r.expected_return = now
+            if departed is not None:
+                self._pending[key] = departed._replace(expected=now)
             r.deadline = max(r.deadline, min(now + self.config.min_retain_s, r.horizon))
             self._schedule(r)
             return self._decide([])
-        departed = self._pending.get(key)
-        if departed is not None:
-            self._pending[key] = (departed[0], event.tool)
         if event.eta is not None:
             r.gap = event.eta
         r.expected_return, r.deadline = self._window(key, now, r.horizon, r.gap, r.ttl, event.tool)
+        if departed is not None:
+            self._pending[key] = departed._replace(tool=event.tool, expected=r.expected_return)
         self._schedule(r)
         if _beyond(now, r.horizon, event.eta):
             return self._decide([], Outcome.CLIPPED, Reason.TTL_CAPPED)
@@ -318,14 +329,11 @@ class RetentionPolicy:
             for r in self._retentions.values()
         )
 
-    def expected_return(self, key: BranchKey, gap: float | None) -> float | None:
-        """When departed branch ``key`` is predicted back (its client ``gap``
-        as prior), or None if it is not expected (never left, or ended)."""
+    def expected_return(self, key: BranchKey) -> float | None:
+        """When departed branch ``key`` is predicted back, or None if it is
+        not expected (never left, or ended)."""
         departed = self._pending.get(key)
-        if departed is None:
-            return None
-        at, tool = departed
-        return at + self.estimator.predict(key.tenant, key.sid, tool, gap).expected_s
+        return None if departed is None else departed.expected
 
     def release_all(self, reason: ReleaseReason = ReleaseReason.RESET) -> list[Action]:
         """Release every retention (e.g. on reset_prefix_cache)."""
@@ -371,10 +379,12 @@ class RetentionPolicy:
     def _learn_return(self, key: BranchKey, now: float) -> None:
         departed = self._pending.pop(key, None)
         if departed is not None:
-            self.estimator.observe(key.tenant, key.sid, departed[1], now - departed[0])
+            self.estimator.observe(key.tenant, key.sid, departed.tool, now - departed.at)
+            self._calibration.add(departed.expected - departed.at, now - departed.at)
 
-    def _depart(self, key: BranchKey, now: float, tool: str | None) -> None:
-        self._pending[key] = (now, tool)
+    def _depart(self, key: BranchKey, now: float, tool: str | None, gap: float | None) -> None:
+        expected = now + self.estimator.predict(key.tenant, key.sid, tool, gap).expected_s
+        self._pending[key] = _Departure(now, tool, expected)
         self._pending.move_to_end(key)
         if len(self._pending) > self.config.max_pending_returns:
             self._pending.popitem(last=False)
@@ -480,6 +490,30 @@ class RetentionPolicy:
         if len(self._heap) > 2 * len(self._retentions) + 64:
             self._heap = [(x.effective_deadline, x.token, x.key) for x in self._retentions.values()]
             heapq.heapify(self._heap)
+
+
+class _Departure(NamedTuple):
+    """A branch expected back: when it left, after which tool, predicted return."""
+
+    at: float
+    tool: str | None
+    expected: float
+
+
+@dataclass(slots=True)
+class _Calibration:
+    """Predicted vs actual gaps of returning branches, on a log2 scale
+    (an error of 1 is a factor of 2), for the calibration metrics."""
+
+    returns: int = 0
+    log2_error_sum: float = 0.0
+    within_2x: int = 0
+
+    def add(self, predicted_s: float, actual_s: float) -> None:
+        error = abs(math.log2(max(actual_s, MIN_GAP_S) / max(predicted_s, MIN_GAP_S)))
+        self.returns += 1
+        self.log2_error_sum += error
+        self.within_2x += error <= 1.0
 
 
 def _beyond(now: float, horizon: float, seconds: float | None) -> bool:
