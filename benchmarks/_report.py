@@ -148,6 +148,8 @@ def summarize(run: ConfigRun) -> dict[str, Any]:
         "reuse_of_theoretical": cached / theory if theory else None,
         "prefix_hit_rate": cached / prompt if prompt else None,
         "prefill_tokens": prompt - cached,
+        # Engine-side, prefetch warm-ups included: what the GPU actually computed.
+        "server_prefill_tokens": _delta(run, "vllm:request_prefill_kv_computed_tokens_sum"),
         "ttft_p50_s": _quantile(ttft, 0.5),
         "ttft_p90_s": _quantile(ttft, 0.9),
         "ttft_mean_s": statistics.fmean(ttft) if ttft else None,

@@ -35,11 +35,13 @@ def test_summary_counts_reuse_against_the_theoretical_maximum() -> None:
         [_record(600, 800, 0.1), _record(200, 800, 0.3), _record(0, 0, 9.0, error="HTTP 500")],
         agent_hints_holds_total=5.0,
         agent_hints_held_blocks=0.0,
+        **{"vllm:request_prefill_kv_computed_tokens_sum": 1300.0},
     )
     s = summarize(run)
     assert (s["requests"], s["failed"]) == (3, 1)
     assert s["reuse_of_theoretical"] == pytest.approx(0.5)
     assert s["prefill_tokens"] == 1200
+    assert s["server_prefill_tokens"] == 1300.0  # warm-ups included
     assert s["ttft_mean_s"] == pytest.approx(0.2)
     assert s["preemptions"] == 2.0
     assert s["agent_hints"] == {"holds": 5.0}
