@@ -267,3 +267,25 @@ def write_json(path: Path, header: Mapping[str, Any], runs: Sequence[ConfigRun])
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1) + "\n")
+
+
+def read_json(path: Path) -> tuple[dict[str, Any], list[ConfigRun]]:
+    """The header and the runs of a file ``write_json`` wrote. Metrics come back
+    as deltas (``metrics_before`` empty), which is all ``summarize`` needs."""
+    payload = json.loads(path.read_text())
+    configs: dict[str, Any] = payload.pop("configs")
+    runs = [
+        ConfigRun(
+            name=name,
+            server_log=c["server_log"],
+            kv_blocks=c["summary"]["kv_blocks"],
+            wall_s=c["summary"]["wall_s"],
+            records=[RequestRecord(**r) for r in c["records"]],
+            metrics_before={},
+            metrics_after=dict(c["metrics_delta"]),
+            samples=[MetricsSample(**s) for s in c["samples"]],
+            load_avg=tuple(c["summary"]["load_avg_at_end"]),
+        )
+        for name, c in configs.items()
+    ]
+    return payload, runs

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import report
 from benchmarks._replay import RequestRecord, hint_header
-from benchmarks._report import ConfigRun, format_table, summarize, write_json
+from benchmarks._report import ConfigRun, format_table, read_json, summarize, write_json
 from benchmarks._server import MetricsSample
 
 
@@ -136,3 +137,37 @@ def test_a_matrix_of_configs_gets_ratios_against_both_baselines() -> None:
         *(f"{n} / plain" for n in names[1:-1]),
         *(f"{n} / unlimited" for n in names[:-1]),
     ]
+
+
+def test_saved_runs_read_back_to_the_same_summaries(tmp_path: Path) -> None:
+    runs = [
+        _run("plain", [_record(400, 800, 0.4)]),
+        _run("retention", [_record(600, 800, 0.2)], agent_hints_holds_total=3.0),
+    ]
+    write_json(tmp_path / "a.json", {"benchmark": "replay"}, runs)
+    header, back = read_json(tmp_path / "a.json")
+    assert header == {"benchmark": "replay"}
+    for before, after in zip(runs, back, strict=True):
+        expected, actual = summarize(before), summarize(after)
+        for key in ("reuse_of_theoretical", "ttft_mean_s", "preemptions", "agent_hints"):
+            assert actual.get(key) == expected.get(key)
+
+
+def test_the_report_command_merges_files_later_ones_winning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = [_run("plain", [_record(400, 800, 0.4)]), _run("unlimited", [_record(0, 800, 9.0)])]
+    write_json(tmp_path / "a.json", {"benchmark": "replay"}, first)
+    write_json(
+        tmp_path / "b.json", {"benchmark": "replay"}, [_run("unlimited", [_record(800, 800, 0.1)])]
+    )
+    out = tmp_path / "m.json"
+    assert report.main([str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert list(merged["configs"]) == ["plain", "unlimited"]
+    assert merged["configs"]["unlimited"]["summary"]["reuse_of_theoretical"] == 1.0
+    assert len(merged["merged_from"]) == 2
+    assert (tmp_path / "m-ttft-cdf.png").is_file()
+    assert "plain / unlimited" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no such file"):
+        report.main([str(tmp_path / "missing.json"), "--out", str(out)])
