@@ -26,6 +26,7 @@ from benchmarks._traces import (
     theoretical_cached,
     truncate,
 )
+from benchmarks.bound import bounds
 from hints_spec import HEADER_NAME, parse_header
 
 
@@ -276,3 +277,13 @@ def test_on_done_reports_every_request_once_failed_or_not() -> None:
     assert {id(r) for r in done} == {id(r) for r in records}
     assert all(r.latency_s is not None or r.error is not None for r in done)
     assert any(r.error for r in done) and any(r.error is None for r in done)
+
+
+def test_offline_bounds_belady_beats_lru_on_a_cyclic_order() -> None:
+    # Three one-block prefixes (plus a computed tail token) in a cycle, room for two:
+    # LRU always evicts the one needed next; Belady keeps two of them resident.
+    a, b, c = ([i] * 4 + [99] for i in (1, 2, 3))
+    lru, belady = bounds([a, b, c, a, b, c, a, b, c], block_size=4, capacity=2)
+    assert lru == 0
+    assert belady == 4 * 4  # a and b stay; c is never kept
+    assert bounds([a, a, a], block_size=4, capacity=1) == (8, 8)
