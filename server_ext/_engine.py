@@ -91,11 +91,11 @@ CONTROL_KEY = "agent_hints_control"
 RESERVED_KEYS = (HINTS_KEY, TENANT_KEY, PREFETCH_KEY, CONTROL_KEY)
 
 
-def hint_params(tenant: str, hints: AgentHints, prefetch: bool = False) -> dict[str, object]:
+def hint_params(tenant: str, hints: AgentHints) -> dict[str, object]:
     """The ``kv_transfer_params`` members of a hinted request of ``tenant``."""
     lowered = to_vllm_fields(hints)["kv_transfer_params"]
     assert isinstance(lowered, dict)
-    return {**lowered, TENANT_KEY: tenant, **({PREFETCH_KEY: True} if prefetch else {})}
+    return {**lowered, TENANT_KEY: tenant}
 
 
 class HintedParams(NamedTuple):
