@@ -39,7 +39,7 @@ from hints_spec import (
 
 from ._config import ExtensionConfig
 from ._engine import RESERVED_KEYS, hint_params
-from ._prefetch import ASGIApp, Branch, Message, Prefetcher, Receive, Scope, Send
+from ._prefetch import ASGIApp, Branch, Prefetcher, Receive, Scope, Send, replay_body
 from ._tenant import DEFAULT_TENANT, resolve_tenant
 from ._vllm import connector_config, send_control
 from .policy import ROOT, BranchKey
@@ -94,7 +94,7 @@ class AgentHintsMiddleware:
             scope["headers"] = [
                 (k, v) for k, v in scope["headers"] if k.lower() != b"content-length"
             ] + [(b"content-length", str(len(rewritten)).encode())]
-        replay = _replay(rewritten, receive)
+        replay = replay_body(rewritten, receive)
         if self._prefetcher is None:
             await self.app(scope, replay, send)
         else:
@@ -220,20 +220,6 @@ async def _read_body(receive: Receive, limit: int | None = None) -> Any:
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that yields ``body`` once, then defers to the real one."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def _error(code: str, message: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from hints_spec import End, ToolEnd, ToolStart
 from ._engine import PREFETCH_KEY, read_hint_params
 from .policy import ROOT, BranchKey, PrefetchPlanner
 
-__all__ = ["ASGIApp", "Branch", "Message", "Prefetcher", "Receive", "Scope", "Send"]
+__all__ = ["ASGIApp", "Branch", "Message", "Prefetcher", "Receive", "Scope", "Send", "replay_body"]
 
 logger = logging.getLogger(__name__)
 
@@ -231,15 +231,7 @@ class Prefetcher:
         ] + [(b"content-length", str(len(body)).encode())]
         status = 0
         tokens = last.tokens
-        sent = False
-
-        async def receive() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()  # no client to disconnect: wait to be cancelled
-            return {"type": "http.disconnect"}
+        receive = replay_body(body, _no_client)
 
         async def discard(message: Message) -> None:
             nonlocal status, tokens
@@ -285,6 +277,26 @@ class Prefetcher:
             return
         for k in [k for k in self._last if (k.tenant, k.sid) == (key.tenant, key.sid)]:
             self._forget(k)
+
+
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields ``body`` once, then defers to ``receive``."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _no_client() -> Message:
+    """A warm-up has no client to disconnect: wait to be cancelled."""
+    await asyncio.Event().wait()
+    return {"type": "http.disconnect"}
 
 
 def _prompt_tokens(chunk: bytes, default: int) -> int:
