@@ -280,21 +280,26 @@ class PrefixIndex:
         self._nodes: dict[tuple[int, tuple[int, ...]], int] = {}
 
     def add(self, prompt: Sequence[int]) -> int:
+        _, known = self.chain(prompt)
+        return min(known, (len(prompt) - 1) // self.block_size) * self.block_size
+
+    def chain(self, prompt: Sequence[int]) -> tuple[list[int], int]:
+        """Ids of the prompt's full blocks (equal ids = equal prefixes), adding
+        new ones, and how many leading ones an earlier prompt already had."""
         size = self.block_size
-        limit = (len(prompt) - 1) // size
+        ids: list[int] = []
+        known = 0
         parent = -1
-        hit = 0
-        matching = True
         for j in range(len(prompt) // size):
             key = (parent, tuple(prompt[j * size : (j + 1) * size]))
             node = self._nodes.get(key)
             if node is None:
-                matching = False
                 node = self._nodes[key] = len(self._nodes)
-            elif matching and j < limit:
-                hit += 1
+            elif known == j:
+                known += 1
+            ids.append(node)
             parent = node
-        return hit * size
+        return ids, known
 
     @property
     def blocks(self) -> int:

@@ -22,23 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._traces import TokenMapper, select_traces
+from ._traces import PrefixIndex, TokenMapper, select_traces
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 _NEVER = float("inf")
-
-
-def _block_ids(
-    prompt: Sequence[int], size: int, ids: dict[tuple[int, tuple[int, ...]], int]
-) -> list[int]:
-    """Chained ids of the prompt's full blocks: equal ids = equal prefixes."""
-    out: list[int] = []
-    parent = -1
-    for j in range(len(prompt) // size):
-        parent = ids.setdefault((parent, tuple(prompt[j * size : (j + 1) * size])), len(ids))
-        out.append(parent)
-    return out
 
 
 def _hits(blocks: list[int], prompt_len: int, size: int, cached: Any) -> int:
@@ -52,8 +40,8 @@ def _hits(blocks: list[int], prompt_len: int, size: int, cached: Any) -> int:
 
 def bounds(prompts: Sequence[Sequence[int]], block_size: int, capacity: int) -> tuple[int, int]:
     """(LRU, Belady) cached tokens of ``prompts`` served in order."""
-    ids: dict[tuple[int, tuple[int, ...]], int] = {}
-    seqs = [_block_ids(p, block_size, ids) for p in prompts]
+    index = PrefixIndex(block_size)
+    seqs = [index.chain(p)[0] for p in prompts]
     next_use: list[dict[int, float]] = [{} for _ in seqs]
     seen: dict[int, float] = {}
     for i in range(len(seqs) - 1, -1, -1):
