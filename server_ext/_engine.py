@@ -233,9 +233,13 @@ class EngineRetention:
         entry = self._keys.get(request_id)
         if self._gate is None or entry is None:
             return False
-        now = self._clock()
-        due = self.policy.return_due(now, self._gate.config.lookahead_s, entry.key)
-        return self._gate.defer(request_id, max(uncached_blocks, 0), now, warm_return_due=due)
+        now, lookahead = self._clock(), self._gate.config.lookahead_s
+        return self._gate.defer(
+            request_id,
+            max(uncached_blocks, 0),
+            now,
+            warm_return_due=lambda: self.policy.return_due(now, lookahead, entry.key),
+        )
 
     @_contained(None)
     def request_scheduled(self, request_id: str) -> None:

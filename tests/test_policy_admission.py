@@ -103,9 +103,9 @@ def test_a_retained_branch_due_back_counts_as_a_free_waiting_request() -> None:
     g = gate(max_defer_s=5.0)
     g.arrived("cold", now=0.0)
     assert not g.defer("cold", 40, now=0.1)
-    assert g.defer("cold", 40, now=0.2, warm_return_due=True)
-    assert not g.defer("cold", 3, now=0.3, warm_return_due=True)  # too small to matter
-    assert not g.defer("cold", 40, now=5.0, warm_return_due=True)  # its bound
+    assert g.defer("cold", 40, now=0.2, warm_return_due=lambda: True)
+    assert not g.defer("cold", 3, now=0.3, warm_return_due=lambda: True)  # too small to matter
+    assert not g.defer("cold", 40, now=5.0, warm_return_due=lambda: True)  # its bound
 
 
 def test_the_policy_says_when_a_retained_branch_is_due() -> None:

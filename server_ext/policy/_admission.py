@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -65,14 +66,19 @@ class WarmFirstGate:
         self._waiting[request_id] = (now, uncached_blocks)
 
     def defer(
-        self, request_id: str, uncached_blocks: int, now: float, warm_return_due: bool = False
+        self,
+        request_id: str,
+        uncached_blocks: int,
+        now: float,
+        warm_return_due: Callable[[], bool] = lambda: False,
     ) -> bool:
         """The scheduler considers ``request_id``, which would compute
         ``uncached_blocks``: should it wait this step for a cheaper request?
 
-        ``warm_return_due`` says that a retained branch is due back about now:
-        its request will be nearly free, so it counts as a waiting one that
-        needs no blocks (admitting a cold prefill first would evict it).
+        ``warm_return_due`` says whether a retained branch is due back about
+        now: its request will be nearly free, so it counts as a waiting one
+        that needs no blocks (admitting a cold prefill first would evict it).
+        It is asked only when the answer matters.
         """
         entry = self._waiting.get(request_id)
         if entry is None:
@@ -81,14 +87,18 @@ class WarmFirstGate:
         self._waiting[request_id] = (arrived_at, uncached_blocks)
         if now - arrived_at >= self.config.max_defer_s:
             return False
-        cheapest = 0 if warm_return_due else min(
+        if uncached_blocks < self.config.min_gain_blocks:
+            return False  # nothing cheaper could gain enough
+        cheapest = min(
             (m for rid, (_, m) in self._waiting.items() if rid != request_id and m is not None),
             default=None,
-        )  # fmt: skip
-        if cheapest is None:
-            return False
-        gain = uncached_blocks - cheapest
-        if gain < self.config.min_gain_blocks or 2 * cheapest > uncached_blocks:
+        )
+        cheaper = (
+            cheapest is not None
+            and uncached_blocks - cheapest >= self.config.min_gain_blocks
+            and 2 * cheapest <= uncached_blocks
+        )
+        if not (cheaper or warm_return_due()):
             return False
         self.deferrals += 1
         return True
