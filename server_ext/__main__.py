@@ -30,6 +30,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         dest="max_defer_s",
         help="warm-first admission: longest a cold prefill waits for cheaper ones (s, 0: off)",
     )
+    serve.add_argument(
+        "--defer-lookahead",
+        type=float,
+        dest="defer_lookahead_s",
+        help="warm-first admission: a retained branch due back within this is kept (s)",
+    )
     serve.add_argument("--print-command", action="store_true", help="print the argv and exit")
     make = commands.add_parser("make-test-model", help="write the tiny test checkpoint")
     make.add_argument("directory")
@@ -51,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ttl_cap_s",
         "default_ttl_s",
         "max_defer_s",
+        "defer_lookahead_s",
     )
     extra: dict[str, object] = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
     if args.tenant_header:

@@ -41,6 +41,9 @@ class ExtensionConfig:
         max_defer_s: Warm-first admission: a hinted request with a long uncached
             prefill may wait up to this long while cheaper hinted requests go
             first (0 turns it off: first come, first served).
+        defer_lookahead_s: Warm-first admission: a retained branch expected back
+            within this many seconds is due, and a cold prefill that would
+            need its blocks waits for it (within ``max_defer_s``).
     """
 
     max_held_fraction: float = 0.5
@@ -51,6 +54,7 @@ class ExtensionConfig:
     salt_per_tenant: bool = False
     prefetch: bool = False
     max_defer_s: float = 10.0
+    defer_lookahead_s: float = 1.0
 
     @classmethod
     def from_mapping(cls, extra: Mapping[str, object] | None) -> ExtensionConfig:
@@ -95,4 +99,6 @@ class ExtensionConfig:
         """The warm-first gate, or None when ``max_defer_s`` is 0."""
         if self.max_defer_s == 0:
             return None
-        return WarmFirstGate(AdmissionConfig(max_defer_s=self.max_defer_s))
+        return WarmFirstGate(
+            AdmissionConfig(max_defer_s=self.max_defer_s, lookahead_s=self.defer_lookahead_s)
+        )

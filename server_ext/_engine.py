@@ -128,15 +128,19 @@ def control_params(
 
 
 class BlockPort(Protocol):
-    """The two block-pool operations retention needs.
+    """The block-pool operations retention needs.
 
     ``hold`` takes one reference on each block (a held block is never evicted);
-    ``release`` drops it again, tail first, so the prefix stays cached longest.
+    ``release`` drops it again, tail first, so the prefix stays cached longest;
+    ``free_blocks`` counts blocks an allocation may take without touching a
+    held or running one (cached but unreferenced blocks included).
     """
 
     def hold(self, block_ids: Sequence[int]) -> None: ...
 
     def release(self, block_ids: Sequence[int]) -> None: ...
+
+    def free_blocks(self) -> int: ...
 
 
 def _control_event(raw: Mapping[str, Any]) -> ControlEvent | None:
@@ -234,12 +238,16 @@ class EngineRetention:
         if self._gate is None or entry is None:
             return False
         now, lookahead = self._clock(), self._gate.config.lookahead_s
-        return self._gate.defer(
-            request_id,
-            max(uncached_blocks, 0),
-            now,
-            warm_return_due=lambda: self.policy.return_due(now, lookahead, entry.key),
-        )
+        uncached_blocks = max(uncached_blocks, 0)
+
+        def evicts_due_branch() -> bool:
+            short = uncached_blocks - self._pool.free_blocks()
+            if short <= 0:
+                return False
+            held = self.policy.held_by_urgency(now, lookahead, entry.key)
+            return held.due > 0 and short > held.spare
+
+        return self._gate.defer(request_id, uncached_blocks, now, evicts_due_branch)
 
     @_contained(None)
     def request_scheduled(self, request_id: str) -> None:

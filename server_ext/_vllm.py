@@ -139,6 +139,9 @@ class _PoolPort:
         # Tail first, as vLLM frees a request: the shared prefix is evicted last.
         self._pool.free_blocks([self._pool.blocks[i] for i in reversed(block_ids)])
 
+    def free_blocks(self) -> int:
+        return self._pool.get_num_free_blocks()
+
 
 @dataclass
 class AgentHintsStats(KVConnectorStats):

@@ -15,7 +15,8 @@ class AdmissionConfig:
         min_gain_blocks: Defer only for a request at least this many uncached
             blocks cheaper (smaller gains are not worth reordering for).
         lookahead_s: A retained branch expected back within this many seconds
-            (before or after now) counts as due.
+            (before or after now) counts as due: a cold prefill that would
+            need its blocks waits for it.
     """
 
     max_defer_s: float = 10.0
@@ -35,11 +36,12 @@ class WarmFirstGate:
     of the sessions queued behind it, whose requests then turn cold too. The
     gate lets the scheduler pass over (one step at a time) a hinted request
     whose uncached prefill is long while another waiting hinted request needs
-    at most half as many blocks, or while a retained branch is due back (its
-    request will be nearly free): short jobs first lowers the mean wait, and a
-    warm prefix is used before anything can evict it. Under overload this is
-    load control against thrashing: the sessions whose KV is resident keep
-    cycling while a cold one waits, at most ``max_defer_s``.
+    at most half as many blocks, or while it would take the blocks of a
+    retained branch due back about now (that branch's request will be nearly
+    free): short jobs first lowers the mean wait, and a warm prefix is used
+    before anything can evict it. Under overload this is load control against
+    thrashing: the sessions whose KV is resident keep cycling while a cold one
+    waits, at most ``max_defer_s``; a cold prefill that fits beside them runs.
 
     Pure and synchronous, driven by the adapter's scheduler events and an
     explicit ``now``. Invariants:
@@ -70,14 +72,14 @@ class WarmFirstGate:
         request_id: str,
         uncached_blocks: int,
         now: float,
-        warm_return_due: Callable[[], bool] = lambda: False,
+        evicts_due_branch: Callable[[], bool] = lambda: False,
     ) -> bool:
         """The scheduler considers ``request_id``, which would compute
         ``uncached_blocks``: should it wait this step for a cheaper request?
 
-        ``warm_return_due`` says whether a retained branch is due back about
-        now: its request will be nearly free, so it counts as a waiting one
-        that needs no blocks (admitting a cold prefill first would evict it).
+        ``evicts_due_branch`` says whether computing ``uncached_blocks`` now
+        would release a retained branch due back about now: its request will
+        be nearly free, so it counts as a waiting one that needs no blocks.
         It is asked only when the answer matters.
         """
         entry = self._waiting.get(request_id)
@@ -98,7 +100,7 @@ class WarmFirstGate:
             and uncached_blocks - cheapest >= self.config.min_gain_blocks
             and 2 * cheapest <= uncached_blocks
         )
-        if not (cheaper or warm_return_due()):
+        if not (cheaper or evicts_due_branch()):
             return False
         self.deferrals += 1
         return True
