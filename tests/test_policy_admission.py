@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from hints_spec import AgentHints
+from server_ext._config import ExtensionConfig, ExtensionConfigError
 from server_ext._engine import EngineRetention, hint_params
 from server_ext.policy import (
     AdmissionConfig,
@@ -156,3 +157,13 @@ def test_a_cold_prefill_that_needs_a_due_branchs_blocks_waits_for_it() -> None:
     assert engine.defers("c1", 40)  # when 10 more blocks would not make it fit either
     now[0] += 5.0  # the branch did not come back when predicted: its blocks are spare
     assert not engine.defers("c1", 30)
+
+
+def test_the_operator_sets_the_admission_bounds() -> None:
+    gate_ = ExtensionConfig.from_mapping(
+        {"max_defer_s": 20, "defer_lookahead_s": 3}
+    ).admission_gate()
+    assert gate_ is not None and gate_.config == AdmissionConfig(max_defer_s=20.0, lookahead_s=3.0)
+    assert ExtensionConfig.from_mapping({"max_defer_s": 0}).admission_gate() is None
+    with pytest.raises(ExtensionConfigError, match="defer_lookahead_s"):
+        ExtensionConfig.from_mapping({"defer_lookahead_s": -1})
