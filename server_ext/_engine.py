@@ -233,12 +233,23 @@ class EngineRetention:
     @_contained(False)
     def defers(self, request_id: str, uncached_blocks: int) -> bool:
         """Should the scheduler pass over ``request_id`` (which would compute
-        ``uncached_blocks``) this step, for a cheaper hinted request?"""
+        ``uncached_blocks``) this step, for a cheaper hinted request?
+
+        A warm-up always gives way: to any real hinted request waiting, and
+        when it does not fit without the blocks of a branch due back before
+        its own. (vLLM stops admitting for the step at the first request that
+        cannot get blocks, so a warm-up left in the queue unable to allocate
+        would hold up every real request behind it.)
+        """
         entry = self._keys.get(request_id)
-        if self._gate is None or entry is None:
+        if entry is None:
             return False
-        now, lookahead = self._clock(), self._gate.config.lookahead_s
-        uncached_blocks = max(uncached_blocks, 0)
+        now, uncached_blocks = self._clock(), max(uncached_blocks, 0)
+        if entry.prefetch:
+            return self._warmup_waits(entry.key, uncached_blocks, now)
+        if self._gate is None:
+            return False
+        lookahead = self._gate.config.lookahead_s
 
         def evicts_due_branch() -> bool:
             short = uncached_blocks - self._pool.free_blocks()
@@ -248,6 +259,15 @@ class EngineRetention:
             return held.due > 0 and short > held.spare
 
         return self._gate.defer(request_id, uncached_blocks, now, evicts_due_branch)
+
+    def _warmup_waits(self, key: BranchKey, uncached_blocks: int, now: float) -> bool:
+        if self._gate is not None and self._gate.waiting:
+            return True
+        short = uncached_blocks - self._pool.free_blocks()
+        if short <= 0:
+            return False
+        due = self.policy.expected_return(key)
+        return due is not None and short > self.policy.releasable_for(due, now, key)
 
     @_contained(None)
     def request_scheduled(self, request_id: str) -> None:

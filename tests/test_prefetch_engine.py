@@ -9,7 +9,7 @@ import pytest
 
 from hints_spec import AgentHints
 from server_ext._engine import PREFETCH_KEY, EngineRetention, hint_params
-from server_ext.policy import BranchKey, PolicyConfig, RetentionPolicy
+from server_ext.policy import BranchKey, PolicyConfig, RetentionPolicy, WarmFirstGate
 
 KEY = BranchKey("t", "s")
 HINTS = AgentHints(sid="s", gap=10.0)
@@ -18,6 +18,7 @@ HINTS = AgentHints(sid="s", gap=10.0)
 class Pool:
     def __init__(self) -> None:
         self.refs: Counter[int] = Counter()
+        self.free = 0
 
     def hold(self, block_ids: Sequence[int]) -> None:
         self.refs.update(block_ids)
@@ -26,7 +27,7 @@ class Pool:
         self.refs.subtract(block_ids)
 
     def free_blocks(self) -> int:
-        return 0
+        return self.free
 
 
 class Clock:
@@ -36,11 +37,11 @@ class Clock:
         return self.now
 
 
-def engine() -> tuple[EngineRetention, Pool, Clock]:
+def engine(gate: WarmFirstGate | None = None) -> tuple[EngineRetention, Pool, Clock]:
     clock = Clock()
     pool = Pool()
     policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), clock=clock)
-    return EngineRetention(policy, pool), pool, clock
+    return EngineRetention(policy, pool, gate, clock=clock), pool, clock
 
 
 def params(prefetch: object = None) -> dict[str, object]:
@@ -128,3 +129,34 @@ def test_an_arrived_request_keeps_its_branch_until_scheduled() -> None:
     assert not e.make_room(2, "r2")  # its own prefix is spared
     e.request_scheduled("r2")
     assert pool.refs[1] == 0 and e.stats.returns == 1
+
+
+def test_a_warmup_waits_rather_than_take_a_sooner_branchs_blocks() -> None:
+    e, pool, clock = engine()
+    run(e, "r1", [1, 2, 3])  # session s: due back at ~10 s
+    e.make_room(3)
+    assert e.request_added("soon", other_params("soon", 2.0))
+    e.request_finished("soon", [20, 21])  # due back sooner than s
+    assert e.request_added("late", other_params("late", 60.0))
+    e.request_finished("late", [30, 31, 32])  # due back later than s
+    clock.now = 1.0
+    assert e.request_added("w1", params(prefetch=True))
+    pool.free = 2
+    assert not e.defers("w1", 5)  # 2 free + 3 of ``late``: it fits
+    assert e.defers("w1", 6)  # it would need a block of ``soon``
+    pool.free = 6
+    assert not e.defers("w1", 6)
+
+
+def test_a_warmup_gives_way_to_a_waiting_real_request() -> None:
+    e, pool, _ = engine(WarmFirstGate())
+    pool.free = 100
+    run(e, "r1", [1, 2, 3])
+    e.make_room(3)
+    assert e.request_added("w1", params(prefetch=True))
+    assert not e.defers("w1", 3)
+    assert e.request_added("x1", other_params("x", 5.0))  # a real request queues
+    assert e.defers("w1", 3)
+    e.request_scheduled("x1")
+    assert not e.defers("w1", 3)
+    assert e.deferrals == 0  # the metric counts real requests held back only

@@ -347,6 +347,16 @@ class RetentionPolicy:
                 spare += len(r.block_ids)
         return HeldBlocks(spare, due)
 
+    def releasable_for(self, expected_return: float, now: float, spare: BranchKey) -> int:
+        """Held blocks that ``make_room(spare=spare, sooner_than=expected_return)``
+        may release: those of other branches due back later, or expired.
+        Blocks shared by several retentions count once per retention."""
+        return sum(
+            len(r.block_ids)
+            for r in self._retentions.values()
+            if r.key != spare and r.evicts_for(expected_return, now)
+        )
+
     def expected_return(self, key: BranchKey) -> float | None:
         """When departed branch ``key`` is predicted back, or None if it is
         not expected (never left, or ended)."""
