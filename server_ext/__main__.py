@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--defer-lookahead",
         type=float,
         dest="defer_lookahead_s",
-        help="warm-first admission: a retained branch due back within this is kept (s)",
+        help="warm-first admission: a cold prefill waits for a branch due back within this (s)",
     )
     serve.add_argument("--print-command", action="store_true", help="print the argv and exit")
     make = commands.add_parser("make-test-model", help="write the tiny test checkpoint")

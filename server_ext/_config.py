@@ -41,9 +41,9 @@ class ExtensionConfig:
         max_defer_s: Warm-first admission: a hinted request with a long uncached
             prefill may wait up to this long while cheaper hinted requests go
             first (0 turns it off: first come, first served).
-        defer_lookahead_s: Warm-first admission: a retained branch expected back
-            within this many seconds is due, and a cold prefill that would
-            need its blocks waits for it (within ``max_defer_s``).
+        defer_lookahead_s: Warm-first admission: a hinted cold prefill waits
+            while a retained branch is expected back within this many seconds
+            (before or after now), at most ``max_defer_s``.
     """
 
     max_held_fraction: float = 0.5

@@ -251,14 +251,10 @@ class EngineRetention:
             return False
         lookahead = self._gate.config.lookahead_s
 
-        def evicts_due_branch() -> bool:
-            short = uncached_blocks - self._pool.free_blocks()
-            if short <= 0:
-                return False
-            held = self.policy.held_by_urgency(now, lookahead, entry.key)
-            return held.due > 0 and short > held.spare
+        def return_due() -> bool:
+            return self.policy.return_due(now, lookahead, entry.key)
 
-        return self._gate.defer(request_id, uncached_blocks, now, evicts_due_branch)
+        return self._gate.defer(request_id, uncached_blocks, now, return_due)
 
     def _warmup_waits(self, key: BranchKey, uncached_blocks: int, now: float) -> bool:
         if self._gate is not None and self._gate.waiting:

@@ -13,7 +13,6 @@ from server_ext.policy import (
     AdmissionConfig,
     BranchHints,
     BranchKey,
-    HeldBlocks,
     PolicyConfig,
     RetentionPolicy,
     WarmFirstGate,
@@ -109,53 +108,39 @@ def test_the_engine_estimates_a_returning_branch_from_its_retained_blocks() -> N
     assert not engine.defers("plain-request", 90)  # unhinted: never deferred
 
 
-def test_a_cold_prefill_waits_when_it_would_evict_a_branch_due_back() -> None:
+def test_a_retained_branch_due_back_counts_as_a_free_waiting_request() -> None:
     g = gate(max_defer_s=5.0)
     g.arrived("cold", now=0.0)
     assert not g.defer("cold", 40, now=0.1)
-    assert g.defer("cold", 40, now=0.2, evicts_due_branch=lambda: True)
-    assert not g.defer("cold", 3, now=0.3, evicts_due_branch=lambda: True)  # too small to matter
-    assert not g.defer("cold", 40, now=5.0, evicts_due_branch=lambda: True)  # its bound
+    assert g.defer("cold", 40, now=0.2, warm_return_due=lambda: True)
+    assert not g.defer("cold", 3, now=0.3, warm_return_due=lambda: True)  # too small to matter
+    assert not g.defer("cold", 40, now=5.0, warm_return_due=lambda: True)  # its bound
 
 
-def test_the_policy_splits_held_blocks_by_whether_a_branch_is_due() -> None:
+def test_the_policy_says_when_a_retained_branch_is_due() -> None:
     p = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), lambda: 0.0)
     soon, me = BranchKey("t", "soon"), BranchKey("t", "me")
     p.on_request_finished(soon, (1, 2), BranchHints(gap=2.0), True, now=0.0)
-    p.on_request_finished(me, (3, 4, 5), BranchHints(gap=0.5), True, now=0.0)
+    p.on_request_finished(me, (3, 4), BranchHints(gap=0.5), True, now=0.0)
     expected = p.retention(soon).expected_return  # type: ignore[union-attr]
-    assert p.held_by_urgency(expected - 0.5, 1.0, other_than=me) == HeldBlocks(spare=0, due=2)
-    assert p.held_by_urgency(expected + 5.0, 1.0, other_than=me) == (2, 0)  # overdue: mispredicted
-    assert p.held_by_urgency(0.5, 0.1, other_than=me) == (2, 0)  # only ``me`` is due then
-    assert p.held_by_urgency(0.5, 0.1, other_than=soon) == (0, 3)
+    assert p.return_due(expected - 0.5, 1.0, other_than=me)
+    assert not p.return_due(expected + 5.0, 1.0, other_than=me)
+    assert not p.return_due(0.5, 0.1, other_than=me)  # only ``me`` is due then
     p.on_request_arrived(soon, now=expected)
-    assert p.held_by_urgency(expected + 5.0, 1.0, other_than=me) == (0, 2)  # queued: surest use
+    assert not p.return_due(expected, 1.0, other_than=me)  # arrived: a real waiting request
 
 
-def _engine_with_due_branch(free: int) -> tuple[EngineRetention, list[float]]:
-    """An engine holding 10 blocks of a branch due back at ~1 s, and a cold
-    hinted request of 30 uncached blocks waiting, with ``free`` blocks free."""
+def test_a_cold_prefill_waits_for_a_due_branch_even_with_room_to_spare() -> None:
     now = [0.0]
     policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), lambda: now[0])
-    engine = EngineRetention(policy, _Pool(free), gate(), clock=lambda: now[0])
+    engine = EngineRetention(policy, _Pool(free=90), gate(), clock=lambda: now[0])
     assert engine.request_added("w1", hint_params("t", AgentHints(sid="warm", gap=1.0)), 10)
     engine.request_scheduled("w1")
     engine.request_finished("w1", list(range(10)))
     assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
     now[0] = policy.retention(BranchKey("t", "warm")).expected_return  # type: ignore[union-attr]
-    return engine, now
-
-
-def test_a_cold_prefill_that_fits_beside_a_due_branch_runs() -> None:
-    engine, _ = _engine_with_due_branch(free=30)
-    assert not engine.defers("c1", 30)
-
-
-def test_a_cold_prefill_that_needs_a_due_branchs_blocks_waits_for_it() -> None:
-    engine, now = _engine_with_due_branch(free=25)
     assert engine.defers("c1", 30)
-    assert engine.defers("c1", 40)  # when 10 more blocks would not make it fit either
-    now[0] += 5.0  # the branch did not come back when predicted: its blocks are spare
+    now[0] += 5.0  # the branch did not come back when predicted
     assert not engine.defers("c1", 30)
 
 

@@ -16,7 +16,7 @@ from ._estimator import GapEstimator, Prediction
 from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent, ToolStartEvent
 from ._keys import ROOT, BranchHints, BranchKey
 from ._planner import Plan, PlannerStats, PrefetchPlanner
-from ._policy import MAX_CHILDREN, HeldBlocks, PolicyStats, RetentionPolicy
+from ._policy import MAX_CHILDREN, PolicyStats, RetentionPolicy
 from ._retention import Retention
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
     "EstimatorConfig",
     "ForkEvent",
     "GapEstimator",
-    "HeldBlocks",
     "Hold",
     "Outcome",
     "Plan",

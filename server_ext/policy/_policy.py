@@ -44,15 +44,6 @@ class PolicyStats:
     returns_within_2x: int
 
 
-class HeldBlocks(NamedTuple):
-    """Blocks held for other branches, by what releasing them would cost."""
-
-    spare: int
-    """Expired, or expected back later than the window: free to take."""
-    due: int
-    """Expected back within the window, or queued: taking them costs a recompute."""
-
-
 class RetentionPolicy:
     """Holds the KV blocks of branches waiting on a tool, soft and budgeted.
 
@@ -328,24 +319,15 @@ class RetentionPolicy:
                 break
         return actions
 
-    def held_by_urgency(self, now: float, due_within_s: float, other_than: BranchKey) -> HeldBlocks:
-        """Held blocks of other branches than ``other_than``, split by what
-        releasing them would cost: ``due`` are those of branches expected back
-        within ``due_within_s`` of ``now`` (before or after) or whose request
-        already waits; ``spare`` the rest (expired, or due later), which a cold
-        prefill may take at no foreseeable loss. Blocks shared by several
-        retentions count once per retention."""
-        spare = due = 0
-        for r in self._retentions.values():
-            if r.key == other_than:
-                continue
-            if r.effective_deadline > now and (
-                r.arrived_at is not None or abs(r.expected_return - now) <= due_within_s
-            ):
-                due += len(r.block_ids)
-            else:
-                spare += len(r.block_ids)
-        return HeldBlocks(spare, due)
+    def return_due(self, now: float, within_s: float, other_than: BranchKey) -> bool:
+        """Is a retained branch (not ``other_than``, not yet arrived) expected
+        back within ``within_s`` of ``now``, before or after?"""
+        return any(
+            r.arrived_at is None
+            and r.key != other_than
+            and abs(r.expected_return - now) <= within_s
+            for r in self._retentions.values()
+        )
 
     def releasable_for(self, expected_return: float, now: float, spare: BranchKey) -> int:
         """Held blocks that ``make_room(spare=spare, sooner_than=expected_return)``
