@@ -54,7 +54,7 @@ class ExtensionConfig:
     salt_per_tenant: bool = False
     prefetch: bool = False
     max_defer_s: float = 10.0
-    defer_lookahead_s: float = 1.0
+    defer_lookahead_s: float = 2.5
 
     @classmethod
     def from_mapping(cls, extra: Mapping[str, object] | None) -> ExtensionConfig:

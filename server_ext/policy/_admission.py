@@ -20,7 +20,7 @@ class AdmissionConfig:
 
     max_defer_s: float = 10.0
     min_gain_blocks: int = 4
-    lookahead_s: float = 1.0
+    lookahead_s: float = 2.5
 
     def __post_init__(self) -> None:
         if self.max_defer_s < 0 or self.min_gain_blocks < 1 or self.lookahead_s < 0:
