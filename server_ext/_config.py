@@ -95,10 +95,14 @@ class ExtensionConfig:
         except ValueError as e:
             raise ExtensionConfigError(f"kv_connector_extra_config: {e}") from e
 
-    def admission_gate(self) -> WarmFirstGate | None:
-        """The warm-first gate, or None when ``max_defer_s`` is 0."""
+    def admission_gate(self, tiered: bool = False) -> WarmFirstGate | None:
+        """The warm-first gate, or None when ``max_defer_s`` is 0.
+
+        With a KV tier (``tiered``) a released branch comes back by a load,
+        not a recompute, so no request waits for a due branch: only the
+        shortest-prefill-first rule remains.
+        """
         if self.max_defer_s == 0:
             return None
-        return WarmFirstGate(
-            AdmissionConfig(max_defer_s=self.max_defer_s, lookahead_s=self.defer_lookahead_s)
-        )
+        lookahead = 0.0 if tiered else self.defer_lookahead_s
+        return WarmFirstGate(AdmissionConfig(max_defer_s=self.max_defer_s, lookahead_s=lookahead))

@@ -353,7 +353,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
         super().bind_kv_cache_manager(kv_cache_manager)
         policy = RetentionPolicy(self._config.policy_config(self._total_blocks))
         retention = EngineRetention(
-            policy, _PoolPort(kv_cache_manager.block_pool), self._config.admission_gate()
+            policy,
+            _PoolPort(kv_cache_manager.block_pool),
+            self._config.admission_gate(tiered=self._planner is not None),
         )
         self._retention = retention
         block_size = self._block_size

@@ -150,5 +150,15 @@ def test_the_operator_sets_the_admission_bounds() -> None:
     ).admission_gate()
     assert gate_ is not None and gate_.config == AdmissionConfig(max_defer_s=20.0, lookahead_s=3.0)
     assert ExtensionConfig.from_mapping({"max_defer_s": 0}).admission_gate() is None
+    tiered = ExtensionConfig().admission_gate(tiered=True)
+    assert tiered is not None and tiered.config.lookahead_s == 0.0
+
+
+def test_lookahead_zero_never_waits_for_a_due_branch() -> None:
+    g = WarmFirstGate(AdmissionConfig(lookahead_s=0.0))
+    g.arrived("cold", now=0.0)
+    assert not g.defer("cold", 40, now=0.1, warm_return_due=lambda: True)
+    g.arrived("warm", now=0.1, uncached_blocks=1)
+    assert g.defer("cold", 40, now=0.2)  # shortest prefill first still applies
     with pytest.raises(ExtensionConfigError, match="defer_lookahead_s"):
         ExtensionConfig.from_mapping({"defer_lookahead_s": -1})

@@ -15,7 +15,8 @@ class AdmissionConfig:
         min_gain_blocks: Defer only for a request at least this many uncached
             blocks cheaper (smaller gains are not worth reordering for).
         lookahead_s: A retained branch expected back within this many seconds
-            (before or after now) counts as due.
+            (before or after now) counts as due; 0: due branches never hold a
+            request back (e.g. when a KV tier makes their return cheap anyway).
     """
 
     max_defer_s: float = 10.0
@@ -102,7 +103,7 @@ class WarmFirstGate:
             and uncached_blocks - cheapest >= self.config.min_gain_blocks
             and 2 * cheapest <= uncached_blocks
         )
-        if not (cheaper or warm_return_due()):
+        if not (cheaper or (self.config.lookahead_s > 0 and warm_return_due())):
             return False
         self.deferrals += 1
         return True
