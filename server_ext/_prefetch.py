@@ -5,9 +5,7 @@ each branch will be back, and the engine is often idle during tool gaps, so the
 ``Prefetcher`` replays a branch's last hinted request as a 1-token warm-up at
 (expected return - lead time): the prompt's KV is then back in the prefix cache,
 and retained again by the engine, when the real request arrives. Warm-ups are
-low priority: one at a time, only while no real request waits for its first
-output (requests that are decoding leave the engine mostly idle), and the
-engine lets them pass over any waiting real request.
+low priority: one at a time, and only while no real request is in flight.
 
 No vLLM import: it drives the downstream ASGI app, so tests run it against a
 fake app.
@@ -85,9 +83,8 @@ class Prefetcher:
     """Plans and issues warm-ups; the middleware routes every POST through ``serve``.
 
     Invariants: at most one warm-up runs at a time, and a warm-up starts only
-    when every real request in flight has sent output (a real request that
-    arrives meanwhile is served concurrently, never queued behind it: the
-    engine defers a warm-up while a real hinted request waits); remembered requests are
+    when no real request is in flight (a real request that arrives meanwhile is
+    served concurrently, never queued behind it); remembered requests are
     bounded by count and bytes (least recently used dropped first).
 
     Args:
@@ -121,15 +118,13 @@ class Prefetcher:
         self._last: OrderedDict[BranchKey, _LastRequest] = OrderedDict()
         self._bytes = 0
         self._ready: dict[BranchKey, None] = {}
-        self._before_output = 0
+        self._in_flight = 0
         self._task: asyncio.Task[None] | None = None
 
     @property
-    def before_output(self) -> int:
-        """Real requests in flight that have sent no output yet: queued or in
-        prefill, the work a warm-up would compete with. (A streaming response
-        leaves this count at its first chunk; any other at its end.)"""
-        return self._before_output
+    def in_flight(self) -> int:
+        """Real requests being served now."""
+        return self._in_flight
 
     # -- real traffic
 
@@ -150,26 +145,20 @@ class Prefetcher:
                 PREFETCHES.labels("cancelled").inc()
         status = 0
         tokens = len(body) // 4  # rough, until the response reports its usage
-        output = False
 
         async def watch(message: Message) -> None:
-            nonlocal status, tokens, output
+            nonlocal status, tokens
             if message["type"] == "http.response.start":
                 status = message["status"]
-            elif message["type"] == "http.response.body":
-                if not output and message.get("body"):
-                    output = True
-                    self._before_output -= 1
-                if branch is not None:
-                    tokens = _prompt_tokens(message.get("body", b""), tokens)
+            elif branch is not None and message["type"] == "http.response.body":
+                tokens = _prompt_tokens(message.get("body", b""), tokens)
             await send(message)
 
-        self._before_output += 1
+        self._in_flight += 1
         try:
             await self.app(scope, receive, watch)
         finally:
-            if not output:
-                self._before_output -= 1
+            self._in_flight -= 1
         if branch is None or not 200 <= status < 300:
             return
         if branch.end:
@@ -217,7 +206,7 @@ class Prefetcher:
                 ranked.append((plan.expected_return, key))
         ranked.sort(key=lambda r: r[0])
         self._ready = {key: None for _, key in ranked}
-        if ranked and self._before_output == 0:
+        if ranked and self._in_flight == 0:
             key = ranked[0][1]
             del self._ready[key]
             await self._warm(key)

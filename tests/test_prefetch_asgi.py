@@ -30,13 +30,11 @@ class Clock:
 
 
 class Downstream:
-    """Records every request; real requests can be held open with ``gate``
-    (before any output) or ``decoding`` (after a first streamed chunk)."""
+    """Records every request; real requests can be held open with ``gate``."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, Any], dict[bytes, bytes]]] = []
         self.gate: asyncio.Event | None = None
-        self.decoding: asyncio.Event | None = None
 
     async def __call__(
         self, scope: dict[str, Any], receive: Callable[[], Awaitable[Message]], send: Any
@@ -55,9 +53,6 @@ class Downstream:
         if self.gate is not None and not warmup:
             await self.gate.wait()
         await send({"type": "http.response.start", "status": 200, "headers": []})
-        if self.decoding is not None and not warmup:
-            await send({"type": "http.response.body", "body": b"data: {}", "more_body": True})
-            await self.decoding.wait()
         await send({"type": "http.response.body", "body": b'{"usage":{"prompt_tokens":300}}'})
 
     @property
@@ -187,33 +182,15 @@ def test_no_warmup_while_a_real_request_is_in_flight() -> None:
         app.gate = asyncio.Event()
         other = asyncio.create_task(request(p, lowered(), None))  # unhinted, still work
         await asyncio.sleep(0)
-        assert p.before_output == 1
+        assert p.in_flight == 1
         clock.now = 9.5
         await p.step()
         await p.step()
         assert app.warmups == []
         app.gate.set()
         await other
-        assert p.before_output == 0
         await p.step()
         assert len(app.warmups) == 1
-
-    run(scenario)
-
-
-def test_a_warmup_may_start_while_real_requests_decode() -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
-        await request(p, lowered(), BRANCH)
-        app.decoding = asyncio.Event()
-        other = asyncio.create_task(request(p, lowered(), None))
-        for _ in range(3):
-            await asyncio.sleep(0)
-        assert p.before_output == 0  # streaming its output: its prefill is done
-        clock.now = 9.5
-        await p.step()
-        assert len(app.warmups) == 1
-        app.decoding.set()
-        await other
 
     run(scenario)
 
