@@ -171,3 +171,25 @@ def test_the_report_command_merges_files_later_ones_winning(
     assert "plain / unlimited" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no such file"):
         report.main([str(tmp_path / "missing.json"), "--out", str(out)])
+
+
+def test_the_report_command_takes_named_configurations_of_a_file(tmp_path: Path) -> None:
+    write_json(
+        tmp_path / "a.json",
+        {"benchmark": "replay"},
+        [_run("plain", [_record(400, 800, 0.4)]), _run("host", [_record(500, 800, 0.3)])],
+    )
+    write_json(
+        tmp_path / "b.json",
+        {"benchmark": "replay"},
+        [_run("plain", [_record(0, 800, 9.0)]), _run("host", [_record(800, 800, 0.1)])],
+    )
+    out = tmp_path / "m.json"
+    argv = [str(tmp_path / "a.json"), f"{tmp_path / 'b.json'}:host", "--out", str(out)]
+    assert report.main(argv) == 0
+    merged = json.loads(out.read_text())
+    assert merged["configs"]["plain"]["summary"]["reuse_of_theoretical"] == 0.5  # a's, kept
+    assert merged["configs"]["host"]["summary"]["reuse_of_theoretical"] == 1.0  # b's
+    assert merged["merged_from"][1].endswith("b.json:host")
+    with pytest.raises(SystemExit, match="no configuration mooncake"):
+        report.main([f"{tmp_path / 'b.json'}:mooncake", "--out", str(out)])
