@@ -19,6 +19,10 @@ CONNECTOR_NAME = "AgentHintsConnector"
 CONNECTOR_MODULE = "server_ext._vllm"
 
 
+_ADMISSION = AdmissionConfig()
+"""Admission defaults: the extension's own defaults are these, not copies."""
+
+
 class ExtensionConfigError(ValueError):
     """An invalid ``kv_connector_extra_config`` entry; the message names the key."""
 
@@ -53,8 +57,8 @@ class ExtensionConfig:
     tenant_header: str | None = None
     salt_per_tenant: bool = False
     prefetch: bool = False
-    max_defer_s: float = 10.0
-    defer_lookahead_s: float = 2.5
+    max_defer_s: float = _ADMISSION.max_defer_s
+    defer_lookahead_s: float = _ADMISSION.lookahead_s
 
     @classmethod
     def from_mapping(cls, extra: Mapping[str, object] | None) -> ExtensionConfig:
