@@ -101,3 +101,13 @@ def test_the_policy_checks_each_predicted_return_against_the_actual_gap() -> Non
     assert stats.predicted_returns == 2 and stats.returns_within_2x == 1
     assert stats.return_log2_error_sum == pytest.approx(1.0 + math.log2(100.0 / second))
     assert p.expected_return(key) is None  # back: no longer expected
+
+
+def test_a_sessions_rare_long_waits_are_not_drowned_by_its_short_tool_gaps() -> None:
+    est = GapEstimator()
+    for _ in range(30):
+        est.observe("t", "s", None, 1.0)
+    for _ in range(2):
+        est.observe("t", "s", "user", 200.0)
+    assert est.predict("t", "s", "user", client_gap=100.0).expected_s > 100.0
+    assert est.predict("t", "s", None, client_gap=1.0).expected_s == pytest.approx(1.0)

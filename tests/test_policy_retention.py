@@ -136,7 +136,7 @@ def test_late_return_after_expiry_still_teaches() -> None:
     retain(p, gap=1.0, tool="t")
     assert p.expire(now=1000.0)
     assert p.on_request_started(ROOT_A, now=1000.0) == []
-    assert p.estimator.predict("A", "s1", None, None).expected_s > 100.0
+    assert p.estimator.predict("A", "s1", "t", None).expected_s > 100.0
 
 
 def test_end_on_a_branch_releases_only_that_branch() -> None:

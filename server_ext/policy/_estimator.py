@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Generic, TypeVar
@@ -14,6 +15,10 @@ MIN_GAP_S = 0.01
 """Gaps are floored here before taking logs (a zero gap means "at once")."""
 
 _K = TypeVar("_K")
+_V = TypeVar("_V")
+
+_TOOLS_PER_SESSION = 16
+"""Tools whose gaps a session keeps apart (LRU); others share its untyped stats."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,32 +51,34 @@ class _LogStats:
         self.var = (1.0 - alpha) * (self.var + alpha * delta * delta)
 
 
-class _LruStats(Generic[_K]):
-    """At most ``capacity`` ``_LogStats``, least recently used dropped first."""
+class _Lru(Generic[_K, _V]):
+    """At most ``capacity`` values made by ``factory``, least recently used
+    dropped first."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, factory: Callable[[], _V]) -> None:
         self._capacity = capacity
-        self._stats: OrderedDict[_K, _LogStats] = OrderedDict()
+        self._factory = factory
+        self._values: OrderedDict[_K, _V] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._stats)
+        return len(self._values)
 
-    def get(self, key: _K) -> _LogStats | None:
-        stats = self._stats.get(key)
-        if stats is not None:
-            self._stats.move_to_end(key)
-        return stats
+    def get(self, key: _K) -> _V | None:
+        value = self._values.get(key)
+        if value is not None:
+            self._values.move_to_end(key)
+        return value
 
-    def add(self, key: _K, x: float, memory: float) -> None:
-        stats = self.get(key)
-        if stats is None:
-            stats = self._stats[key] = _LogStats()
-            if len(self._stats) > self._capacity:
-                self._stats.popitem(last=False)
-        stats.add(x, memory)
+    def setdefault(self, key: _K) -> _V:
+        value = self.get(key)
+        if value is None:
+            value = self._values[key] = self._factory()
+            if len(self._values) > self._capacity:
+                self._values.popitem(last=False)
+        return value
 
     def pop(self, key: _K) -> None:
-        self._stats.pop(key, None)
+        self._values.pop(key, None)
 
 
 class GapEstimator:
@@ -83,9 +90,13 @@ class GapEstimator:
 
     - the prior: the client's ``gap`` (``hint_weight`` pseudo-observations)
       or, without it, the population prior (``prior_weight``);
-    - the session's observed gaps and the tool's observed gaps (weight = their
+    - the session's observed gaps after the same tool (None: gaps the client
+      named no tool for) and the tenant's gaps after that tool (weight = their
       effective counts; an observation feeds both, which only speeds up how
-      fast learning overrides the prior).
+      fast learning overrides the prior). A session's gaps are kept apart per
+      tool because they differ by orders of magnitude: a file read returns in
+      a second, a test run in minutes, the user (tool ``user``) in minutes to
+      hours; pooled, the many short gaps would drown the rare long ones.
 
     Disagreement between sources widens the spread and hence the deadline.
     Memory is bounded: sessions and tools are kept in LRU maps.
@@ -94,8 +105,10 @@ class GapEstimator:
     def __init__(self, config: EstimatorConfig | None = None) -> None:
         self._config = config or EstimatorConfig()
         self._z = NormalDist().inv_cdf(self._config.quantile)
-        self._sessions: _LruStats[tuple[str, str]] = _LruStats(self._config.max_sessions)
-        self._tools: _LruStats[tuple[str, str]] = _LruStats(self._config.max_tools)
+        self._sessions: _Lru[tuple[str, str], _Lru[str | None, _LogStats]] = _Lru(
+            self._config.max_sessions, lambda: _Lru(_TOOLS_PER_SESSION, _LogStats)
+        )
+        self._tools: _Lru[tuple[str, str], _LogStats] = _Lru(self._config.max_tools, _LogStats)
 
     @property
     def tracked_sessions(self) -> int:
@@ -109,9 +122,9 @@ class GapEstimator:
         """Record one observed gap of session ``sid`` (after tool ``tool``)."""
         x = math.log(max(seconds, MIN_GAP_S))
         memory = self._config.memory
-        self._sessions.add((tenant, sid), x, memory)
+        self._sessions.setdefault((tenant, sid)).setdefault(tool).add(x, memory)
         if tool is not None:
-            self._tools.add((tenant, tool), x, memory)
+            self._tools.setdefault((tenant, tool)).add(x, memory)
 
     def predict(
         self, tenant: str, sid: str, tool: str | None, client_gap: float | None
@@ -122,7 +135,8 @@ class GapEstimator:
             sources = [(c.prior_weight, math.log(c.prior_gap_s), c.prior_sigma**2)]
         else:
             sources = [(c.hint_weight, math.log(max(client_gap, MIN_GAP_S)), c.hint_sigma**2)]
-        learned = [self._sessions.get((tenant, sid))]
+        session = self._sessions.get((tenant, sid))
+        learned = [None if session is None else session.get(tool)]
         if tool is not None:
             learned.append(self._tools.get((tenant, tool)))
         sources += [(s.weight, s.mean, s.var) for s in learned if s is not None]
