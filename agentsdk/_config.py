@@ -85,6 +85,10 @@ class RunConfig:
     ``latency_prior`` is the wait assumed for a tool that never ran and declares no
     ``expected_seconds``; ``latency_quantile`` is the quantile of past durations sent
     as ``gap`` and ETA (the median by default: a retention prior, not a deadline).
+    ``user_wait_prior`` is the wait assumed for the user's next message before a
+    ``Session`` has seen one: a run that ends with its session kept tells the server
+    the branch now waits on its user (``tool_start`` for the tool ``user``), with the
+    session's learned reply time as ETA.
     """
 
     max_tool_concurrency: int = 8
@@ -92,6 +96,7 @@ class RunConfig:
     end_session: bool | None = None
     latency_prior: float = 1.0
     latency_quantile: float = 0.5
+    user_wait_prior: float = 60.0
     tracer_provider: TracerProvider | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -99,3 +104,5 @@ class RunConfig:
             raise ValueError("max_tool_concurrency must be at least 1")
         if not self.tool_timeout > 0:
             raise ValueError("tool_timeout must be > 0")
+        if not self.user_wait_prior > 0:
+            raise ValueError("user_wait_prior must be > 0 (seconds)")

@@ -26,7 +26,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, get_current_span
 from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel
 
-from hints_spec import ControlEvent, End, Fork, ToolEnd, ToolStart
+from hints_spec import USER_TOOL, ControlEvent, End, Fork, ToolEnd, ToolStart
 
 from ._config import RunConfig
 from ._context import ROOT_BRANCH, RunContext, RunEnv
@@ -248,6 +248,8 @@ async def _run_root(
     )
     history = await session.get_items() if session is not None else []
     end_session = config.end_session if config.end_session is not None else session is None
+    if stats.turn_ended_at is not None:  # the user has replied: learn how long that took
+        env.estimator.observe(USER_TOOL, max(time.time() - stats.turn_ended_at, 0.0))
     result: RunResult | None = None
     error: Exception | None = None
     async with anyio.create_task_group() as group:
@@ -267,10 +269,13 @@ async def _run_root(
             with anyio.CancelScope(shield=True):  # a cancelled run's bookkeeping still lands
                 if session is not None:
                     stats.usage.add(context.usage)
+                    stats.turn_ended_at = None if end_session else time.time()
                     await session.save_stats(stats)  # latency: the estimator updated it in place
                 if control is not None:
                     if end_session:
                         control.submit([End()])
+                    elif session is not None:
+                        control.submit([_await_user(env, config)])
                     control.close()
     if error is not None:
         raise error
@@ -573,6 +578,13 @@ async def _execute(
         await env.emit(ToolEndEvent(context, tool, item))
         await env.emit(RunItemEvent(context, item))
         return item
+
+
+def _await_user(env: RunEnv, config: RunConfig) -> ToolStart:
+    """The root branch now waits on its user, for about the session's usual reply time."""
+    estimate = env.estimator.estimate({USER_TOOL: config.user_wait_prior})
+    assert estimate is not None  # one tool given
+    return ToolStart(tool=USER_TOOL, eta=round(estimate, 3))
 
 
 def _eta(env: RunEnv, tool: Tool) -> float:

@@ -29,10 +29,15 @@ T = TypeVar("T")
 
 
 class SessionStats(BaseModel):
-    """What a session accumulates across runs besides its messages."""
+    """What a session accumulates across runs besides its messages.
+
+    ``turn_ended_at`` is when its last run ended (Unix time): the next run's start
+    measures how long the user took to reply.
+    """
 
     usage: Usage = Field(default_factory=Usage)
     latency: LatencyStats = Field(default_factory=LatencyStats)
+    turn_ended_at: float | None = None
 
 
 class Session(Protocol):

@@ -20,7 +20,14 @@ from ._control import (
 from ._errors import HintError, HintErrorCode
 from ._header import parse_header, serialize_header
 from ._interop import OTEL_CONVERSATION_ID, from_interop, merge_hints
-from ._model import BODY_FIELD, CONTROL_PATH, HEADER_NAME, PROTOCOL_VERSION, AgentHints
+from ._model import (
+    BODY_FIELD,
+    CONTROL_PATH,
+    HEADER_NAME,
+    PROTOCOL_VERSION,
+    USER_TOOL,
+    AgentHints,
+)
 from ._resolve import resolve_hints
 from ._vllm import to_vllm_fields
 
@@ -30,6 +37,7 @@ __all__ = [
     "HEADER_NAME",
     "OTEL_CONVERSATION_ID",
     "PROTOCOL_VERSION",
+    "USER_TOOL",
     "AgentHints",
     "ControlEvent",
     "ControlRequest",

@@ -21,6 +21,8 @@ HEADER_NAME: Final = "Agent-Hints"
 BODY_FIELD: Final = "agent_hints"
 CONTROL_PATH: Final = "/v1/agent-hints/events"
 PROTOCOL_VERSION: Final = 1
+USER_TOOL: Final = "user"
+"""The ``tool`` of a ``tool_start`` whose branch waits on its user (Section 6.3)."""
 
 ID_PATTERN: Final = r"[A-Za-z0-9._:~/-]{1,128}"
 MAX_HEADER_BYTES: Final = 1024

@@ -17,6 +17,7 @@ from agentsdk import (
     AgentStartEvent,
     HintedAsyncOpenAI,
     HintedOpenAI,
+    InMemorySession,
     LLMEndEvent,
     LLMStartEvent,
     MaxTurnsExceeded,
@@ -42,7 +43,7 @@ from agentsdk import (
     hint_scope,
     tool,
 )
-from hints_spec import End, ToolEnd, ToolStart
+from hints_spec import USER_TOOL, End, ToolEnd, ToolStart
 
 pytestmark = pytest.mark.anyio
 
@@ -222,6 +223,25 @@ async def test_no_tools_means_no_gap_and_outer_scope_is_kept() -> None:
     assert (hints.sid, hints.gap, hints.ttl, hints.prio) == ("outer-session", None, 600, 1)
     assert result.session_id == "outer-session"
     assert "tools" not in model.requests[0].kwargs
+
+
+async def test_a_kept_session_waits_on_its_user_and_learns_the_reply_time() -> None:
+    session = InMemorySession("s-user")
+    first = ScriptedModel(["hi"])
+    await Runner.run(_agent(), "x", client=first, session=session)
+    # The run ended with the session kept: the branch now waits on its user, for the
+    # prior at first; the run's end is remembered to time the reply.
+    assert first.events_of(End) == []
+    assert first.events_of(ToolStart) == [ToolStart(tool=USER_TOOL, eta=60.0)]
+    ended = (await session.get_stats()).turn_ended_at
+    assert ended is not None and abs(ended - time.time()) < 5.0
+    second = ScriptedModel(["again"])
+    await Runner.run(_agent(), "y", client=second, session=session)
+    [wait] = second.events_of(ToolStart)
+    assert wait.tool == USER_TOOL and wait.eta is not None and wait.eta < 1.0  # a fast user
+    assert USER_TOOL in (await session.get_stats()).latency.tools
+    with pytest.raises(ValueError, match="user_wait_prior"):
+        RunConfig(user_wait_prior=0.0)
 
 
 async def test_end_session_can_be_turned_off() -> None:
