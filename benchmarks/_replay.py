@@ -6,12 +6,17 @@ time after the previous response; at a fork its sub-agents run as branches
 resumes after the last of them. With hints on, every request carries an
 ``Agent-Hints`` header whose ``gap`` is built only from think times this session
 already observed, never from the trace's future, and each branch's last request
-says ``end``.
+says ``end``. A response that ends the agent's turn (the trace's ``stop`` is
+``end_turn``) is followed, as an SDK at the end of a run would, by a
+``tool_start`` event for the tool ``user`` whose ``eta`` is the session's median
+wait on its user so far: the header's ``gap`` is for responses that end in tool
+calls, and a human reply takes one to two orders of magnitude longer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import time
@@ -20,7 +25,14 @@ from dataclasses import dataclass
 
 import httpx2
 
-from hints_spec import HEADER_NAME, AgentHints, serialize_header
+from hints_spec import (
+    CONTROL_PATH,
+    HEADER_NAME,
+    USER_TOOL,
+    AgentHints,
+    ToolStart,
+    serialize_header,
+)
 
 from ._traces import ROOT, Fork, PrefixIndex, TokenMapper, Trace, TraceRequest
 
@@ -78,6 +90,11 @@ class ReplaySettings:
     def prior_gap_s(self) -> float:
         """Gap assumed before a session has shown any: a typical 10 s think."""
         return self.wait_s(10.0)
+
+    @property
+    def prior_user_wait_s(self) -> float:
+        """Wait on the user assumed before a session has shown any: a minute."""
+        return self.wait_s(60.0)
 
 
 @dataclass(slots=True)
@@ -145,6 +162,7 @@ class _Session:
         self.on_done = on_done
         self.mapper = TokenMapper(trace.trace_id, settings.k, settings.vocab_size)
         self.gaps = PastGaps(settings.prior_gap_s)
+        self.user_waits = PastGaps(settings.prior_user_wait_s)
 
     async def run(self) -> None:
         await self._branch(ROOT, None, self.trace.steps)
@@ -152,6 +170,7 @@ class _Session:
     async def _branch(self, br: str, pbr: str | None, steps: Sequence[TraceRequest | Fork]) -> None:
         last = max(i for i, s in enumerate(steps) if isinstance(s, TraceRequest))
         returned: float | None = None
+        waited_on: PastGaps = self.gaps
         forked_s = 0.0
         seq = 0
         for i, step in enumerate(steps):
@@ -166,10 +185,29 @@ class _Session:
             await self.sleep(self.settings.wait_s(step.think_time - forked_s))
             forked_s = 0.0
             if returned is not None:
-                self.gaps.observe(self.clock() - returned)
+                waited_on.observe(self.clock() - returned)
             await self._send(br, pbr, seq, step, end=i == last)
             returned = self.clock()
+            waited_on = self.gaps
+            if step.ends_turn and i != last:
+                waited_on = self.user_waits
+                if self.settings.hints:
+                    await self._await_user(br)
             seq += 1
+
+    async def _await_user(self, br: str) -> None:
+        """Tell the server the branch now waits on its user (best effort)."""
+        event = ToolStart(br=br, tool=USER_TOOL, eta=round(self.user_waits.estimate(), 3))
+        body = {"sid": self.trace.trace_id, "events": [event.model_dump(exclude_none=True)]}
+        with contextlib.suppress(httpx2.HTTPError):  # a lost hint costs only its benefit
+            await self.client.post(
+                f"{self.settings.base_url}{CONTROL_PATH}", json=body, headers=self._auth()
+            )
+
+    def _auth(self) -> dict[str, str]:
+        if self.settings.tenant_per_trace:
+            return {"Authorization": f"Bearer {self.trace.trace_id}"}
+        return {}
 
     async def _send(
         self, br: str, pbr: str | None, seq: int, request: TraceRequest, end: bool
@@ -185,9 +223,7 @@ class _Session:
             max_tokens=s.max_tokens(request.out),
             theoretical_cached=self.index.add(prompt),
         )
-        headers: dict[str, str] = {}
-        if s.tenant_per_trace:
-            headers["Authorization"] = f"Bearer {self.trace.trace_id}"
+        headers = self._auth()
         if s.hints:
             record.hint = hint_header(self.trace.trace_id, br, pbr, self.gaps.estimate(), end)
             headers[HEADER_NAME] = record.hint

@@ -56,12 +56,15 @@ class TraceRequest:
         out: Output tokens of the real call.
         think_time: Client-side delay before this call (tool run or human), s.
         t: Start time, s from the start of its branch (orders parallel branches).
+        ends_turn: The response ended the agent's turn (``stop`` is
+            ``end_turn``, not ``tool_use``): the next call waits on the user.
     """
 
     hash_ids: tuple[int, ...]
     out: int
     think_time: float
     t: float
+    ends_turn: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,7 @@ def _request(raw: Mapping[str, Any]) -> TraceRequest:
         out=int(raw.get("out") or 0),
         think_time=float(raw.get("think_time") or 0.0),
         t=float(raw.get("t") or 0.0),
+        ends_turn=raw.get("stop") == "end_turn",
     )
 
 

@@ -27,7 +27,7 @@ from benchmarks._traces import (
     truncate,
 )
 from benchmarks.bound import bounds
-from hints_spec import HEADER_NAME, parse_header
+from hints_spec import CONTROL_PATH, HEADER_NAME, USER_TOOL, parse_header
 
 
 def _req(hash_ids: list[int], think: float = 0.0, t: float = 0.0, out: int = 64) -> dict[str, Any]:
@@ -124,12 +124,19 @@ def test_truncate_keeps_the_prefix_that_fits_and_never_ends_on_a_fork() -> None:
 
 
 def _stub(
-    seen: list[tuple[float, dict[str, Any], str | None]], clock: list[float]
+    seen: list[tuple[float, dict[str, Any], str | None]],
+    clock: list[float],
+    events: list[tuple[float, dict[str, Any]]] | None = None,
 ) -> httpx2.MockTransport:
-    """A completions endpoint that streams one token and usage, logging each request."""
+    """A completions endpoint that streams one token and usage, logging each
+    request, and a control endpoint logging each event body into ``events``."""
 
     def handle(request: httpx2.Request) -> httpx2.Response:
         body = json.loads(request.content)
+        if request.url.path == CONTROL_PATH:
+            assert events is not None, "no control events expected"
+            events.append((clock[0], body))
+            return httpx2.Response(200, json={"v": 1, "results": []})
         seen.append((clock[0], body, request.headers.get(HEADER_NAME)))
         chunks = [
             {"choices": [{"index": 0, "text": "x"}]},
@@ -145,7 +152,9 @@ def _stub(
 
 
 def _run(
-    traces: list[Trace], **settings: Any
+    traces: list[Trace],
+    events: list[tuple[float, dict[str, Any]]] | None = None,
+    **settings: Any,
 ) -> tuple[list[RequestRecord], list[tuple[float, dict[str, Any], str | None]]]:
     """Replay against the stub on a fake clock: sleeping advances it exactly."""
     clock = [0.0]
@@ -156,7 +165,7 @@ def _run(
         await asyncio.sleep(0)
 
     async def go() -> list[RequestRecord]:
-        async with httpx2.AsyncClient(transport=_stub(seen, clock)) as client:
+        async with httpx2.AsyncClient(transport=_stub(seen, clock, events)) as client:
             s = ReplaySettings(base_url="http://stub", **settings)
             return await replay(traces, s, client, clock=lambda: clock[0], sleep=sleep)
 
@@ -209,6 +218,43 @@ def test_gap_hint_uses_only_past_think_times() -> None:
     assert "gap=2.5" in before_huge and "5000" not in before_huge
     # Once past, the 5000 s gap is one observation among others.
     assert gaps[3] == 3.0
+
+
+def test_an_ended_turn_is_a_wait_on_the_user_learned_apart_from_tool_gaps() -> None:
+    def turn_end(request: dict[str, Any]) -> dict[str, Any]:
+        return {**request, "stop": "end_turn"}
+
+    trace = parse_trace(
+        {
+            "id": "trace_user",
+            "requests": [
+                _req([1]),
+                turn_end(_req([1, 2], think=20.0)),
+                _req([1, 2, 3], think=400.0),  # the user took 400 s
+                turn_end(_req([1, 2, 3, 4], think=40.0)),
+                _req([1, 2, 3, 4, 5], think=200.0),
+                turn_end(_req([1, 2, 3, 4, 5, 6], think=20.0)),  # the last: it says end
+            ],
+        }
+    )
+    assert [r.ends_turn for r in trace.steps if isinstance(r, TraceRequest)] == [
+        False, True, False, True, False, True
+    ]  # fmt: skip
+    events: list[tuple[float, dict[str, Any]]] = []
+    _, seen = _run([trace], events, hints=True, time_scale=20.0, max_think_s=10_000.0)
+    # After each ended turn but the last: tool_start for the user, its eta the
+    # median of the session's earlier waits on its user (a scaled minute at first).
+    assert [body for _, body in events] == [
+        {"sid": "trace_user", "events": [{"type": "tool_start", "br": ROOT, "tool": USER_TOOL,
+                                          "eta": eta}]}
+        for eta in (3.0, 20.0)
+    ]  # fmt: skip
+    assert [t for t, _ in events] == [seen[1][0], seen[3][0]]
+    # The header's gap stays the median of tool gaps only (1, 2 and 1 s; never 20 or 10).
+    gaps = [parse_header(h or "").gap for _, _, h in seen]
+    assert gaps == [0.5, 1.0, 1.0, 1.5, 1.5, 1.0]
+    # Plain configurations send no events.
+    _run([trace], hints=False, time_scale=20.0)
 
 
 def test_plain_configs_send_no_hints_and_waits_are_capped() -> None:
