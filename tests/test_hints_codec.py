@@ -49,7 +49,7 @@ TYPICAL = 'v=1, sid="sess-42", br="root", gap=12.5, ttl=600'
 def test_public_api_is_exactly_the_contract() -> None:
     assert sorted(hints_spec.__all__) == sorted(
         [
-            "HEADER_NAME", "BODY_FIELD", "CONTROL_PATH", "PROTOCOL_VERSION",
+            "HEADER_NAME", "BODY_FIELD", "CONTROL_PATH", "PROTOCOL_VERSION", "USER_TOOL",
             "OTEL_CONVERSATION_ID", "HintErrorCode", "HintError", "AgentHints",
             "parse_header", "serialize_header", "parse_body", "Outcome", "ToolStart",
             "ToolEnd", "Fork", "End", "ControlEvent", "ControlRequest", "parse_control",

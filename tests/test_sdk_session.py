@@ -116,7 +116,7 @@ RESUME = textwrap.dedent(
         "messages": model.requests[0].messages,
         "gap": model.requests[0].hints.gap,
         "requests": usage.requests,
-        "ends": len(model.control_events),
+        "ends": sum(e.event.type == "end" for e in model.control_events),
     }))
     """
 )
