@@ -63,6 +63,7 @@ from .tier import (
     TierPlanner,
     TierReport,
     TierWorker,
+    shard_key,
 )
 
 if TYPE_CHECKING:
@@ -193,12 +194,15 @@ _COUNTERS = {
     "tier_misses": "KV blocks past the device cache that the tier did not hold",
     "tier_load_failures": "Planned tier loads that failed (the blocks were recomputed)",
     "tier_save_failures": "KV blocks the tier could not store",
+    "tier_shared_blocks": "KV blocks found in the shared store that this engine had not stored",
 }
 _GAUGES = {
     "held_blocks": "KV blocks held for idle agent branches",
     "retained_branches": "Agent branches whose KV is retained",
     "tier_bytes": "Bytes of KV blocks in the tier (as the scheduler accounts them)",
 }
+# The scheduler waits on a shared-store lookup; a normal one takes under 1 ms.
+_PROBE_TIMEOUT_S = 0.05
 # Stats entries that feed agent_hints_tier_bytes_moved: name -> direction label.
 _MOVED = {"tier_bytes_saved": "save", "tier_bytes_loaded": "load"}
 
@@ -281,6 +285,18 @@ def _tier_identity(params: Mapping[str, Any] | None, ttl_cap_s: float) -> tuple[
     return read.tenant, min(float(pin), ttl_cap_s)
 
 
+def _shared_store_probe(config: TierConfig) -> GuardedTier:
+    """A query-only Mooncake client for the scheduler: which blocks other
+    engines stored. It contributes no memory; the scheduler waits on it, so a
+    lookup longer than ``_PROBE_TIMEOUT_S`` is a miss."""
+    probe = GuardedTier(
+        lambda: MooncakeTier(config.mooncake_master, segment_bytes=0, buffer_bytes=16 << 20),
+        timeout_s=min(config.timeout_s, _PROBE_TIMEOUT_S),
+    )
+    probe.connect()
+    return probe
+
+
 class AgentHintsConnector(KVConnectorBase_V1):
     """Scheduler-side connector that turns agent hints into KV retention, plus an
     optional KV tier below device memory (``"tier"`` in the extra config).
@@ -312,6 +328,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         self._tier_requests: dict[str, Request] = {}
         # Tier, worker side.
         self._tier_worker: TierWorker | None = None
+        self._shared_probe: GuardedTier | None = None
         self._load_errors: set[int] = set()
         if self._tier_config is not None and role == KVConnectorRole.SCHEDULER:
             self._planner = self._make_planner(vllm_config, kv_cache_config)
@@ -334,12 +351,20 @@ class AgentHintsConnector(KVConnectorBase_V1):
         # A tier miss at load time (evicted, corrupt, store down) must cost a
         # recompute, never a failed request.
         self._kv_transfer_config.kv_load_failure_policy = "recompute"
+        shared: Callable[[Sequence[str]], int] | None = None
+        if self._tier_config.kind == "mooncake":
+            probe = self._shared_probe = _shared_store_probe(self._tier_config)
+
+            def shared(keys: Sequence[str]) -> int:
+                return probe.contains([shard_key(key, 0) for key in keys])
+
         return TierPlanner(
             KeyIndex(self._tier_config.budget_bytes),
             namespace,
             self._block_size,
             block_bytes,
             owns_eviction=self._tier_config.kind == "host",
+            shared=shared,
         )
 
     def _contained(self, what: str) -> None:
@@ -537,7 +562,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 )
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
-            self._tier_worker = TierWorker(tier, codec, f"/tp{get_tensor_model_parallel_rank()}")
+            self._tier_worker = TierWorker(tier, codec, get_tensor_model_parallel_rank())
             first = next(iter(kv_caches.values()))
             logger.info(
                 "agent-hints tier %s: %d layers of %s %s, %d bytes per block",
@@ -578,6 +603,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._tier_worker is not None:
             self._tier_worker.tier.close()
+        if self._shared_probe is not None:
+            self._shared_probe.close()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

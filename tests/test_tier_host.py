@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -187,6 +188,35 @@ def test_planner_drops_evictions_and_forgets_failures() -> None:
     assert plan.counters.save_failures == 1
 
 
+def test_planner_asks_a_shared_store_once_for_what_its_index_lacks() -> None:
+    # Another engine stored blocks 0-2 of this prefix in the shared store.
+    stored_elsewhere = {block_key("ns", "t", h) for h in HASHES[:3]}
+    asked: list[list[str]] = []
+
+    def shared(keys: Sequence[str]) -> int:
+        asked.append(list(keys))
+        return next((i for i, k in enumerate(keys) if k not in stored_elsewhere), len(keys))
+
+    plan = TierPlanner(KeyIndex(None), "ns", BS, 10, owns_eviction=False, shared=shared)
+    plan.track("r", "t", pin_s=0)
+    assert plan.lookup("r", HASHES[:5], num_tokens=21, num_computed=0) == 3 * BS
+    # A waiting request is looked up every step: the store is asked once.
+    assert plan.lookup("r", HASHES[:5], num_tokens=21, num_computed=0) == 3 * BS
+    assert len(asked) == 1 and len(asked[0]) == 5
+    plan.allocated("r", [7, 8, 9, 10, 11, 12], 3 * BS)
+    ops = plan.step([BlockProgress("r", HASHES[:5], [7, 8, 9, 10, 11, 12], 21)])
+    assert [b for _, b in ops.loads] == [7, 8, 9]
+    assert [b for _, b, _ in ops.saves] == [10, 11]  # computed here, stored for others
+    assert plan.counters.shared_blocks == 3 and plan.counters.hits == 3
+
+    # The next request of the prefix finds it in the index, without asking.
+    plan.track("s", "t", pin_s=0)
+    assert plan.lookup("s", HASHES[:5], num_tokens=21, num_computed=0) == 5 * BS
+    assert len(asked) == 1
+    with pytest.raises(ValueError, match="owns_eviction"):
+        TierPlanner(KeyIndex(None), "ns", BS, 10, owns_eviction=True, shared=shared)
+
+
 def test_planner_untracked_requests_never_touch_the_tier() -> None:
     plan = planner()
     assert plan.lookup("x", HASHES, 33, 0) == 0
@@ -196,9 +226,9 @@ def test_planner_untracked_requests_never_touch_the_tier() -> None:
 def test_worker_moves_blocks_and_reports_failures() -> None:
     source, target = kv_caches(seed=3), kv_caches(seed=4)
     tier = HostTier(budget_bytes=None)
-    saver = TierWorker(tier, BlockCodec(source, 6), key_suffix="/tp0")
+    saver = TierWorker(tier, BlockCodec(source, 6), rank=0)
     saver.save([("k1", 2, 0.0), ("k2", 3, 0.0)], drops=[])
-    loader = TierWorker(tier, BlockCodec(target, 6), key_suffix="/tp0")
+    loader = TierWorker(tier, BlockCodec(target, 6), rank=0)
     assert loader.load([("k1", 0), ("k2", 1), ("missing", 5)]) == {5}
     for name in source:
         assert torch.equal(target[name][:, 0:2], source[name][:, 2:4])
@@ -279,6 +309,27 @@ def test_factory_failure_is_contained_and_retried() -> None:
     clock.now = 6
     assert tier.put("k", blob(1))
     assert tier.get("k") is not None
+
+
+def test_connect_builds_the_tier_in_the_background() -> None:
+    built = threading.Event()
+    release = threading.Event()
+
+    def factory() -> KVTier:
+        built.set()
+        release.wait(5)
+        return HostTier(None)
+
+    tier = GuardedTier(factory, timeout_s=1, cooldown_s=5)
+    tier.connect()
+    assert built.wait(5)
+    assert tier.contains(["k"]) == 0  # still connecting: a miss at once, no wait
+    assert tier.available  # and no breaker opened
+    release.set()
+    deadline = time.monotonic() + 5
+    while not tier.put("k", blob(1)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tier.contains(["k"]) == 1
 
 
 def test_tier_config() -> None:

@@ -178,3 +178,36 @@ def test_mooncake_tier_loads_and_a_dead_master_never_fails_a_request(
         )
         assert after["agent_hints_tier_load_failures_total"] > 0
         assert after["agent_hints_faults_total"] == 0
+
+
+@pytest.mark.mooncake
+def test_a_second_engine_loads_what_the_first_stored_in_mooncake(
+    mooncake: MooncakeMaster, test_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two engines on one store (as behind a router without session affinity):
+    the second serves the first's session prefix from Mooncake, and the KV it
+    loads is what the first computed (identical greedy output)."""
+    tier = {"tier": "mooncake", "mooncake_master": mooncake.address, "tier_timeout_s": 1.0}
+    session = tokens(11, SESSION)
+    hints = 'v=1, sid="roaming", gap=30'
+    # The first engine stays up: its memory segment holds what it stored.
+    with tier_server(test_model_dir, tmp_path, tier) as first:
+        cold = complete(first, session, hints)
+        assert cold.cached == 0
+        wait_metric(first, "agent_hints_tier_bytes_moved_total", 1)
+        with tier_server(test_model_dir, tmp_path, tier) as second:
+            moved = complete(second, session, hints)
+            shared = wait_metric(second, "agent_hints_tier_shared_blocks_total", 1)
+            loaded = wait_metric(second, "agent_hints_tier_hits_total", 1)
+            again = complete(second, session, hints)  # now from its own device cache
+            after = second.metrics()
+    print(
+        f"\n[two engines] cold {cold.seconds * 1000:.0f} ms on the first,"
+        f" {moved.seconds * 1000:.0f} ms on the second with {loaded:.0f} blocks"
+        f" from Mooncake ({shared:.0f} found in the shared store)"
+    )
+    assert moved.cached == SESSION - 64  # every block but the last, computed one
+    assert loaded == shared == SESSION // 64 - 1
+    assert moved.text == cold.text == again.text
+    assert after["agent_hints_tier_load_failures_total"] == 0
+    assert after["agent_hints_faults_total"] == 0

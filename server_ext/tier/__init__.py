@@ -14,7 +14,7 @@ from ._config import TierConfig, TierConfigError
 from ._guard import GuardedTier
 from ._host import HostTier
 from ._index import KeyIndex
-from ._keys import block_key, checksum
+from ._keys import block_key, checksum, shard_key
 from ._master import MooncakeMaster, MooncakeUnavailable, local_mooncake_master
 from ._mooncake import MooncakeTier
 from ._plan import BlockProgress, TierCounters, TierOps, TierPlanner
@@ -42,4 +42,5 @@ __all__ = [
     "block_key",
     "checksum",
     "local_mooncake_master",
+    "shard_key",
 ]

@@ -61,9 +61,7 @@ class GuardedTier:
         if not self.available or (self._busy is not None and not self._busy.done()):
             self._stats.errors += 1
             return miss
-        future: Future[_T] = Future()
-        self._jobs.put((lambda: self._run(fn), future))
-        self._busy = future
+        future = self._submit(fn)
         try:
             return future.result(timeout=self._timeout_s)
         except Exception as e:  # TimeoutError included: the call may still finish later
@@ -71,6 +69,18 @@ class GuardedTier:
             self._open_until = self._clock() + self._cooldown_s
             logger.warning("agent-hints tier unavailable for %.0f s: %r", self._cooldown_s, e)
             return miss
+
+    def connect(self) -> None:
+        """Build the tier now, in the background: until it is up, calls are
+        misses at once (the helper is busy), never a wait on the connection."""
+        if self._inner is None and self._busy is None:
+            self._submit(lambda t: None)
+
+    def _submit(self, fn: Callable[[KVTier], _T]) -> Future[_T]:
+        future: Future[_T] = Future()
+        self._jobs.put((lambda: self._run(fn), future))
+        self._busy = future
+        return future
 
     def _serve(self) -> None:
         while True:

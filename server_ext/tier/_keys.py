@@ -12,7 +12,7 @@ import zlib
 
 import torch
 
-__all__ = ["block_key", "checksum"]
+__all__ = ["block_key", "checksum", "shard_key"]
 
 
 def block_key(namespace: str, tenant: str, block_hash: bytes) -> str:
@@ -22,6 +22,11 @@ def block_key(namespace: str, tenant: str, block_hash: bytes) -> str:
         digest.update(len(part).to_bytes(4, "little"))
         digest.update(part)
     return "agent-hints/" + digest.hexdigest()
+
+
+def shard_key(key: str, rank: int) -> str:
+    """The store key of tensor-parallel rank ``rank``'s shard of block ``key``."""
+    return f"{key}/tp{rank}"
 
 
 def checksum(value: torch.Tensor) -> int:

@@ -4,12 +4,14 @@ No vLLM import: ``_vllm.AgentHintsConnector`` feeds it block hashes, block ids
 and token counts. The tier itself lives in the worker; the planner keeps a
 ``KeyIndex`` of the keys the worker holds, is told of every key the worker
 failed to store or load, and (for a tier it owns, the host pool) makes the LRU
-and budget decisions and sends the evictions to the worker as drops.
+and budget decisions and sends the evictions to the worker as drops. A store
+shared with other engines (Mooncake) also holds blocks this engine never
+stored: a ``shared`` probe asks the store for the blocks the index lacks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ._index import KeyIndex
@@ -50,6 +52,7 @@ class TierCounters:
     misses: int = 0  # blocks looked up past the device cache that the tier lacked
     load_failures: int = 0  # planned loads the worker could not serve (recomputed)
     save_failures: int = 0
+    shared_blocks: int = 0  # blocks the index lacked and the shared store held
     bytes_saved: int = 0
     bytes_loaded: int = 0
 
@@ -61,6 +64,7 @@ class _Tracked:
     keys: list[str] = field(default_factory=list)
     saved: int = 0  # leading blocks already in the tier (or being saved)
     lookup: tuple[int, int, int] | None = None  # (first block, blocks queried, blocks found)
+    probed: int = 0  # blocks up to which the shared store was asked
 
 
 class TierPlanner:
@@ -74,6 +78,10 @@ class TierPlanner:
         block_bytes: bytes of one packed block (all layers).
         owns_eviction: send the index's evictions to the worker as drops (host
             tier); a shared store evicts on its own and others may still use a key.
+        shared: for a shared store, how many of the given keys, from the first,
+            the store holds (keys as the planner names them). Asked at most
+            once per request for the blocks past the index's leading hits;
+            the blocks it reports join the index.
     """
 
     def __init__(
@@ -84,12 +92,16 @@ class TierPlanner:
         block_bytes: int,
         *,
         owns_eviction: bool,
+        shared: Callable[[Sequence[str]], int] | None = None,
     ) -> None:
+        if shared is not None and owns_eviction:
+            raise ValueError("a shared store evicts on its own: owns_eviction must be False")
         self.index = index
         self._namespace = namespace
         self._block_size = block_size
         self._block_bytes = block_bytes
         self._owns_eviction = owns_eviction
+        self._shared = shared
         self._tracked: dict[str, _Tracked] = {}
         self._ops = TierOps()
         self.counters = TierCounters()
@@ -123,6 +135,15 @@ class TierPlanner:
             return 0
         keys = self._keys(entry, block_hashes)[first:last]
         found = self.index.leading(keys)
+        if self._shared is not None and found < len(keys) and first + found >= entry.probed:
+            # Blocks another engine stored (or this index forgot); asked once
+            # per range, since a waiting request is looked up every step.
+            held = self._shared(keys[found:])
+            entry.probed = last
+            for key in keys[found : found + held]:
+                self.index.add(key, self._block_bytes)
+            found = self.index.leading(keys)
+            self.counters.shared_blocks += held
         entry.lookup = (first, len(keys), found)
         return found * self._block_size
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ._blocks import BlockCodec
+from ._keys import shard_key
 from ._protocol import KVTier
 
 __all__ = ["TierReport", "TierWorker"]
@@ -27,15 +28,16 @@ class TierReport:
 class TierWorker:
     """Moves packed blocks between the KV caches and a tier.
 
-    ``key_suffix`` separates the shards of tensor-parallel workers that share
-    one store. No method raises: a failed load is reported (vLLM recomputes the
-    block), a failed save only means a later miss.
+    Store keys carry the worker's tensor-parallel ``rank`` (``shard_key``), so
+    the shards of one block never collide in a shared store. No method raises:
+    a failed load is reported (vLLM recomputes the block), a failed save only
+    means a later miss.
     """
 
-    def __init__(self, tier: KVTier, codec: BlockCodec, key_suffix: str = "") -> None:
+    def __init__(self, tier: KVTier, codec: BlockCodec, rank: int = 0) -> None:
         self.tier = tier
         self.codec = codec
-        self._suffix = key_suffix
+        self._rank = rank
         self._report = TierReport()
 
     def load(self, loads: Sequence[tuple[str, int]]) -> set[int]:
@@ -43,7 +45,7 @@ class TierWorker:
         failed: set[int] = set()
         for key, block_id in loads:
             try:
-                value = self.tier.get(key + self._suffix)
+                value = self.tier.get(shard_key(key, self._rank))
                 if value is not None:
                     self.codec.unpack(value, block_id)
                     self._report.bytes_loaded += value.numel()
@@ -58,7 +60,7 @@ class TierWorker:
         """Apply the planner's drops, then copy KV cache -> tier."""
         try:
             if drops:
-                self.tier.drop([key + self._suffix for key in drops])
+                self.tier.drop([shard_key(key, self._rank) for key in drops])
             values = self.codec.pack([block_id for _, block_id, _ in saves])
         except Exception:
             logger.exception("agent-hints tier: save of %d blocks failed", len(saves))
@@ -66,7 +68,7 @@ class TierWorker:
             return
         for (key, _, pin_s), value in zip(saves, values, strict=True):
             try:
-                if self.tier.put(key + self._suffix, value, pin_s):
+                if self.tier.put(shard_key(key, self._rank), value, pin_s):
                     self._report.bytes_saved += value.numel()
                     continue
             except Exception:
