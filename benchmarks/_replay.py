@@ -64,6 +64,10 @@ class ReplaySettings:
         tenant_per_trace: Each session sends its own API key (``Bearer <trace
             id>``), as independent users would; the extension then budgets each
             as a tenant. Plain vLLM without ``--api-key`` ignores it.
+        oracle_gaps: A diagnostic, never a result: every hint carries the
+            trace's true next wait (the future) instead of an estimate from
+            the past, so a run shows what the server makes of perfect
+            predictions.
     """
 
     base_url: str
@@ -77,6 +81,7 @@ class ReplaySettings:
     vocab_size: int = 2048
     concurrency: int | None = None
     tenant_per_trace: bool = False
+    oracle_gaps: bool = False
     request_timeout_s: float = 900.0
 
     def wait_s(self, think_time: float) -> float:
@@ -169,6 +174,16 @@ class _Session:
 
     async def _branch(self, br: str, pbr: str | None, steps: Sequence[TraceRequest | Fork]) -> None:
         last = max(i for i, s in enumerate(steps) if isinstance(s, TraceRequest))
+        # The wait after each step (the next request's think time, which after
+        # a fork includes the sub-agents' run): only an oracle run hints it.
+        waits_after: list[float | None] = [None] * len(steps)
+        for i in range(len(steps) - 2, -1, -1):
+            after = steps[i + 1]
+            waits_after[i] = (
+                self.settings.wait_s(after.think_time)
+                if isinstance(after, TraceRequest)
+                else waits_after[i + 1]
+            )
         returned: float | None = None
         waited_on: PastGaps = self.gaps
         forked_s = 0.0
@@ -186,18 +201,22 @@ class _Session:
             forked_s = 0.0
             if returned is not None:
                 waited_on.observe(self.clock() - returned)
-            await self._send(br, pbr, seq, step, end=i == last)
+            oracle = waits_after[i] if self.settings.oracle_gaps else None
+            gap = self.gaps.estimate() if oracle is None else oracle
+            await self._send(br, pbr, seq, step, gap, end=i == last)
             returned = self.clock()
             waited_on = self.gaps
             if step.ends_turn and i != last:
                 waited_on = self.user_waits
                 if self.settings.hints:
-                    await self._await_user(br)
+                    await self._await_user(
+                        br, self.user_waits.estimate() if oracle is None else oracle
+                    )
             seq += 1
 
-    async def _await_user(self, br: str) -> None:
+    async def _await_user(self, br: str, eta_s: float) -> None:
         """Tell the server the branch now waits on its user (best effort)."""
-        event = ToolStart(br=br, tool=USER_TOOL, eta=round(self.user_waits.estimate(), 3))
+        event = ToolStart(br=br, tool=USER_TOOL, eta=round(eta_s, 3))
         body = {"sid": self.trace.trace_id, "events": [event.model_dump(exclude_none=True)]}
         with contextlib.suppress(httpx2.HTTPError):  # a lost hint costs only its benefit
             await self.client.post(
@@ -210,7 +229,7 @@ class _Session:
         return {}
 
     async def _send(
-        self, br: str, pbr: str | None, seq: int, request: TraceRequest, end: bool
+        self, br: str, pbr: str | None, seq: int, request: TraceRequest, gap_s: float, end: bool
     ) -> None:
         s = self.settings
         prompt = self.mapper.prompt(request.hash_ids)
@@ -225,7 +244,7 @@ class _Session:
         )
         headers = self._auth()
         if s.hints:
-            record.hint = hint_header(self.trace.trace_id, br, pbr, self.gaps.estimate(), end)
+            record.hint = hint_header(self.trace.trace_id, br, pbr, gap_s, end)
             headers[HEADER_NAME] = record.hint
         self.records.append(record)
         body = {

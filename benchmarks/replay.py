@@ -119,6 +119,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="each trace sends its own API key (a tenant of its own for the extension's budgets)",
     )
+    p.add_argument(
+        "--oracle-gaps",
+        action="store_true",
+        help="diagnostic: hints carry each request's true next wait (the trace's future)",
+    )
     p.add_argument("--model", help="checkpoint directory (default: the generated test model)")
     p.add_argument("--out", type=Path, default=Path("results/replay.json"))
     p.add_argument("--startup-timeout", type=float, default=300.0)
@@ -216,6 +221,7 @@ def _run_config(
             block_size=args.block_size,
             concurrency=args.concurrency,
             tenant_per_trace=args.tenant_per_trace,
+            oracle_gaps=args.oracle_gaps,
         )
         before = server.metrics()
         records, wall, after, samples = asyncio.run(

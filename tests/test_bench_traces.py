@@ -220,6 +220,28 @@ def test_gap_hint_uses_only_past_think_times() -> None:
     assert gaps[3] == 3.0
 
 
+def test_oracle_gaps_hint_the_true_next_wait() -> None:
+    trace = parse_trace(
+        {
+            "id": "trace_oracle",
+            "requests": [
+                _req([1]),
+                {**_req([1, 2], think=40.0), "stop": "end_turn"},
+                _req([1, 2, 3], think=600.0),  # the user's reply
+                _req([1, 2, 3, 4], think=20.0),
+            ],
+        }
+    )
+    events: list[tuple[float, dict[str, Any]]] = []
+    _, seen = _run(
+        [trace], events, hints=True, oracle_gaps=True, time_scale=20.0, max_think_s=10_000.0
+    )
+    gaps = [parse_header(h or "").gap for _, _, h in seen]
+    # Each hint is the wait that follows (the last, which ends, keeps the estimate).
+    assert gaps[:3] == [2.0, 30.0, 1.0]
+    assert [body["events"][0]["eta"] for _, body in events] == [30.0]
+
+
 def test_an_ended_turn_is_a_wait_on_the_user_learned_apart_from_tool_gaps() -> None:
     def turn_end(request: dict[str, Any]) -> dict[str, Any]:
         return {**request, "stop": "end_turn"}
