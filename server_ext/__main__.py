@@ -36,6 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         dest="defer_lookahead_s",
         help="warm-first admission: a cold prefill waits for a branch due back within this (s)",
     )
+    serve.add_argument(
+        "--gap-hint-weight",
+        type=float,
+        dest="gap_hint_weight",
+        help="observed gaps a client's gap hint counts for against learned ones",
+    )
     serve.add_argument("--print-command", action="store_true", help="print the argv and exit")
     make = commands.add_parser("make-test-model", help="write the tiny test checkpoint")
     make.add_argument("directory")
@@ -58,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "default_ttl_s",
         "max_defer_s",
         "defer_lookahead_s",
+        "gap_hint_weight",
     )
     extra: dict[str, object] = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
     if args.tenant_header:

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .policy import AdmissionConfig, PolicyConfig, WarmFirstGate
+from .policy import AdmissionConfig, EstimatorConfig, PolicyConfig, WarmFirstGate
 
 __all__ = ["CONNECTOR_MODULE", "CONNECTOR_NAME", "ExtensionConfig", "ExtensionConfigError"]
 
@@ -20,6 +20,7 @@ CONNECTOR_MODULE = "server_ext._vllm"
 
 
 _ADMISSION = AdmissionConfig()
+_ESTIMATOR = EstimatorConfig()
 """Admission defaults: the extension's own defaults are these, not copies."""
 
 
@@ -48,6 +49,9 @@ class ExtensionConfig:
         defer_lookahead_s: Warm-first admission: a hinted cold prefill waits
             while a retained branch is expected back within this many seconds
             (before or after now), at most ``max_defer_s``.
+        gap_hint_weight: How many observed gaps a client's ``gap`` (or a
+            tool's ``eta``) counts for against the gaps the server learned;
+            raise it for clients whose hints are known to be accurate.
     """
 
     max_held_fraction: float = 0.5
@@ -59,6 +63,7 @@ class ExtensionConfig:
     prefetch: bool = False
     max_defer_s: float = _ADMISSION.max_defer_s
     defer_lookahead_s: float = _ADMISSION.lookahead_s
+    gap_hint_weight: float = _ESTIMATOR.hint_weight
 
     @classmethod
     def from_mapping(cls, extra: Mapping[str, object] | None) -> ExtensionConfig:
@@ -88,6 +93,7 @@ class ExtensionConfig:
 
     def policy_config(self, total_blocks: int) -> PolicyConfig:
         """The retention policy's budgets for a pool of ``total_blocks``."""
+        estimator = self.estimator_config()
         try:
             return PolicyConfig(
                 total_blocks=total_blocks,
@@ -95,9 +101,19 @@ class ExtensionConfig:
                 max_tenant_fraction=self.max_tenant_fraction,
                 ttl_cap_s=self.ttl_cap_s,
                 default_ttl_s=self.default_ttl_s,
+                estimator=estimator,
             )
         except ValueError as e:
             raise ExtensionConfigError(f"kv_connector_extra_config: {e}") from e
+
+    def estimator_config(self) -> EstimatorConfig:
+        """The gap estimator's settings (shared by retention and prefetch)."""
+        if self.gap_hint_weight <= 0:
+            raise ExtensionConfigError(
+                f"kv_connector_extra_config['gap_hint_weight']={self.gap_hint_weight}: "
+                "expected a positive number"
+            )
+        return dataclasses.replace(_ESTIMATOR, hint_weight=self.gap_hint_weight)
 
     def admission_gate(self, tiered: bool = False) -> WarmFirstGate | None:
         """The warm-first gate, or None when ``max_defer_s`` is 0.

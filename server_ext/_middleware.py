@@ -42,7 +42,7 @@ from ._engine import RESERVED_KEYS, hint_params
 from ._prefetch import ASGIApp, Branch, Prefetcher, Receive, Scope, Send, replay_body
 from ._tenant import DEFAULT_TENANT, resolve_tenant
 from ._vllm import connector_config, send_control
-from .policy import ROOT, BranchKey
+from .policy import ROOT, BranchKey, GapEstimator, PrefetchPlanner
 
 __all__ = ["INFERENCE_PATHS", "AgentHintsMiddleware"]
 
@@ -106,7 +106,8 @@ class AgentHintsMiddleware:
             self._config = connector_config(getattr(app, "state", None))
             self._config_read = True
             if self._config is not None and self._config.prefetch:
-                self._prefetcher = Prefetcher(self.app)
+                estimator = GapEstimator(self._config.estimator_config())
+                self._prefetcher = Prefetcher(self.app, PrefetchPlanner(estimator))
         return self._config
 
     # -- inference requests

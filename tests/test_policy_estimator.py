@@ -111,3 +111,24 @@ def test_a_sessions_rare_long_waits_are_not_drowned_by_its_short_tool_gaps() -> 
         est.observe("t", "s", "user", 200.0)
     assert est.predict("t", "s", "user", client_gap=100.0).expected_s > 100.0
     assert est.predict("t", "s", None, client_gap=1.0).expected_s == pytest.approx(1.0)
+
+
+def test_the_operator_sets_how_much_a_client_gap_counts() -> None:
+    from server_ext import ExtensionConfig, ExtensionConfigError
+
+    def predicted(config: EstimatorConfig) -> float:
+        est = GapEstimator(config)
+        for _ in range(20):
+            est.observe("t", "s", None, 1.0)  # the session's gaps so far: 1 s
+        return est.predict("t", "s", None, client_gap=30.0).expected_s
+
+    default = ExtensionConfig().estimator_config()
+    trusting = ExtensionConfig.from_mapping({"gap_hint_weight": 1000}).estimator_config()
+    assert predicted(default) < 3.0  # 20 observations outweigh 4 pseudo-observations
+    assert predicted(trusting) > 25.0  # an accurate client is believed
+    assert (
+        ExtensionConfig.from_mapping({"gap_hint_weight": 1000}).policy_config(64).estimator
+        == trusting
+    )
+    with pytest.raises(ExtensionConfigError, match=r"gap_hint_weight.*positive"):
+        ExtensionConfig.from_mapping({"gap_hint_weight": 0}).estimator_config()
