@@ -19,9 +19,9 @@ CONNECTOR_NAME = "AgentHintsConnector"
 CONNECTOR_MODULE = "server_ext._vllm"
 
 
+# The policy's defaults: the extension's own defaults are these, not copies.
 _ADMISSION = AdmissionConfig()
 _ESTIMATOR = EstimatorConfig()
-"""Admission defaults: the extension's own defaults are these, not copies."""
 
 
 class ExtensionConfigError(ValueError):
