@@ -59,6 +59,7 @@ from ._server import CONFIGS, Config, MetricsSample, ServerPlan, sample_metrics,
 from ._traces import PrefixIndex, TokenMapper, Trace, default_traces_dir, select_traces
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+_ORACLE_NOTE = "hints: ORACLE (the trace's true next waits): a diagnostic, not a result"
 SAMPLED = (
     "agent_hints_held_blocks",
     "agent_hints_retained_branches",
@@ -289,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.kv_blocks,
         distinct_blocks + sum(i["requests"] for i in info) + len(traces) * per_request,
     )
+    if args.oracle_gaps:
+        print(_ORACLE_NOTE)
     for i in info:
         print(
             f"{i['id']}: {i['requests']} requests, {i['branches']} branches, "
@@ -325,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summaries = [summarize(r) for r in runs]
     print()
     print(format_table(summaries))
+    if args.oracle_gaps:
+        print("\n" + _ORACLE_NOTE)
     plots = write_plots(runs, args.out.parent, args.out.stem)
     print(f"\nwrote {args.out}" + "".join(f"\n      {p}" for p in plots))
     return 0 if all(s["failed"] == 0 for s in summaries) else 1
