@@ -174,16 +174,7 @@ class _Session:
 
     async def _branch(self, br: str, pbr: str | None, steps: Sequence[TraceRequest | Fork]) -> None:
         last = max(i for i, s in enumerate(steps) if isinstance(s, TraceRequest))
-        # The wait after each step (the next request's think time, which after
-        # a fork includes the sub-agents' run): only an oracle run hints it.
-        waits_after: list[float | None] = [None] * len(steps)
-        for i in range(len(steps) - 2, -1, -1):
-            after = steps[i + 1]
-            waits_after[i] = (
-                self.settings.wait_s(after.think_time)
-                if isinstance(after, TraceRequest)
-                else waits_after[i + 1]
-            )
+        waits_after = self._waits_after(steps) if self.settings.oracle_gaps else None
         returned: float | None = None
         waited_on: PastGaps = self.gaps
         forked_s = 0.0
@@ -201,7 +192,7 @@ class _Session:
             forked_s = 0.0
             if returned is not None:
                 waited_on.observe(self.clock() - returned)
-            oracle = waits_after[i] if self.settings.oracle_gaps else None
+            oracle = waits_after[i] if waits_after is not None else None
             gap = self.gaps.estimate() if oracle is None else oracle
             await self._send(br, pbr, seq, step, gap, end=i == last)
             returned = self.clock()
@@ -213,6 +204,19 @@ class _Session:
                         br, self.user_waits.estimate() if oracle is None else oracle
                     )
             seq += 1
+
+    def _waits_after(self, steps: Sequence[TraceRequest | Fork]) -> list[float | None]:
+        """The wait after each step, for oracle hints: the next request's think
+        time (after a fork it includes the sub-agents' run); None after the last."""
+        waits: list[float | None] = [None] * len(steps)
+        for i in range(len(steps) - 2, -1, -1):
+            after = steps[i + 1]
+            waits[i] = (
+                self.settings.wait_s(after.think_time)
+                if isinstance(after, TraceRequest)
+                else waits[i + 1]
+            )
+        return waits
 
     async def _await_user(self, br: str, eta_s: float) -> None:
         """Tell the server the branch now waits on its user (best effort)."""

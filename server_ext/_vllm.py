@@ -356,6 +356,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
             probe = self._shared_probe = _shared_store_probe(self._tier_config)
 
             def shared(keys: Sequence[str]) -> int:
+                # Rank 0's shard stands for the block; another rank's missing
+                # shard is a failed load, recomputed like any tier miss.
                 return probe.contains([shard_key(key, 0) for key in keys])
 
         return TierPlanner(
