@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
+
 from server_ext.policy import (
     Action,
     BranchHints,
@@ -224,3 +226,29 @@ def test_make_room_spares_the_branch_that_needs_the_room() -> None:
     assert released(p.make_room(8, now=0.0, spare=mine)) == [(other, ReleaseReason.PRESSURE)]
     assert p.make_room(8, now=0.0, spare=mine) == []
     assert p.retention(mine) is not None
+
+
+def test_an_overdue_branch_is_a_victim_before_one_about_to_return() -> None:
+    p = policy(total_blocks=1000)
+    overdue, fresh = key("A", "overdue"), key("B", "fresh")
+    retain(p, overdue, range(0, 4), gap=2.0)  # planned back at t=2
+    retain(p, fresh, range(4, 8), now=7.5, gap=1.0)  # planned back at t=8.5
+    r = p.retention(overdue)
+    assert r is not None and r.expected_return == pytest.approx(2.0)
+    assert r.effective_deadline > 8.0  # not expired at t=8
+    # Still away at t=8, four times its planned gap: gaps are heavy-tailed, so
+    # it is now expected back after ``fresh`` and goes first.
+    assert r.next_use(8.0) > p.retention(fresh).next_use(8.0) > 8.5  # type: ignore[union-attr]
+    assert released(p.make_room(1, now=8.0)) == [(overdue, ReleaseReason.PRESSURE)]
+
+
+def test_an_overdue_branch_gives_its_budget_to_a_newcomer_due_sooner() -> None:
+    p = policy()
+    overdue = key("A", "overdue")
+    retain(p, overdue, range(0, 10), gap=2.0)  # the tenant's whole budget
+    # At t=0 a newcomer due at t=5 may not displace it (due at t=2) ...
+    d = p.on_request_finished(key("A", "x"), (50, 51), BranchHints(gap=5.0), True, now=0.0)
+    assert d.outcome is Outcome.REJECTED
+    # ... at t=8, still away, it is expected back later than one due at t=9.
+    actions = retain(p, key("A", "new"), range(20, 24), now=8.0, gap=1.0)
+    assert released(actions) == [(overdue, ReleaseReason.BUDGET)]

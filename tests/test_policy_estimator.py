@@ -13,6 +13,7 @@ from server_ext.policy import (
     GapEstimator,
     PolicyConfig,
     RetentionPolicy,
+    median_given_elapsed,
 )
 
 
@@ -132,3 +133,18 @@ def test_the_operator_sets_how_much_a_client_gap_counts() -> None:
     )
     with pytest.raises(ExtensionConfigError, match=r"gap_hint_weight.*positive"):
         ExtensionConfig.from_mapping({"gap_hint_weight": 0}).estimator_config()
+
+
+def test_the_longer_a_branch_is_away_the_later_it_is_expected_back() -> None:
+    pred = GapEstimator().predict("A", "s", None, 2.0)
+    assert pred.spread > 0
+    assert median_given_elapsed(pred.expected_s, pred.spread, 0.0) == pred.expected_s
+    elapsed = (0.5, 2.0, 8.0, 32.0)
+    medians = [median_given_elapsed(2.0, 1.0, e) for e in elapsed]
+    assert medians == sorted(medians)
+    assert all(m > e for m, e in zip(medians, elapsed, strict=True))
+    # A log-normal with median 2 s and spread 1: still away at 2 s (its
+    # median), half of what remains returns by 2 * exp(z_0.75) = 3.93 s.
+    assert medians[1] == pytest.approx(2.0 * math.exp(0.6745), rel=1e-3)
+    assert median_given_elapsed(2.0, 0.0, 5.0) == 5.0  # certain: due now
+    assert median_given_elapsed(1.0, 0.1, 1e6) == math.inf  # beyond the fit

@@ -20,14 +20,37 @@ _V = TypeVar("_V")
 _TOOLS_PER_SESSION = 16
 """Tools whose gaps a session keeps apart (LRU); others share its untyped stats."""
 
+_STANDARD = NormalDist()
+
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """Predicted gap: ``expected_s`` (median) orders victims, ``deadline_s``
-    (a high quantile) bounds the retention."""
+    """Predicted gap, log-normal: ``expected_s`` (median) orders victims,
+    ``deadline_s`` (a high quantile) bounds the retention, ``spread`` (the
+    standard deviation of the log gap) says how that median moves while the
+    branch stays away (``median_given_elapsed``)."""
 
     expected_s: float
     deadline_s: float
+    spread: float = 0.0
+
+
+def median_given_elapsed(median_s: float, spread: float, elapsed_s: float) -> float:
+    """Median of a log-normal gap (``median_s``, log-space ``spread``) given
+    that it has already lasted ``elapsed_s``.
+
+    Gaps are heavy-tailed, so a branch still away past its median is not back
+    any second: the longer it has been away, the longer it is likely to stay.
+    (At ``elapsed_s`` = 0 this is ``median_s``; it grows without bound, and is
+    infinite where the fit gives the branch no chance of still being away.)
+    A ``spread`` of 0 means the return is certain at ``median_s``.
+    """
+    if spread <= 0 or median_s <= 0 or elapsed_s <= 0:
+        return max(median_s, elapsed_s)
+    survival = _STANDARD.cdf(math.log(median_s / elapsed_s) / spread)
+    if survival <= 0.0:
+        return math.inf
+    return median_s * math.exp(-spread * _STANDARD.inv_cdf(survival / 2))
 
 
 @dataclass(slots=True)
@@ -104,7 +127,7 @@ class GapEstimator:
 
     def __init__(self, config: EstimatorConfig | None = None) -> None:
         self._config = config or EstimatorConfig()
-        self._z = NormalDist().inv_cdf(self._config.quantile)
+        self._z = _STANDARD.inv_cdf(self._config.quantile)
         self._sessions: _Lru[tuple[str, str], _Lru[str | None, _LogStats]] = _Lru(
             self._config.max_sessions, lambda: _Lru(_TOOLS_PER_SESSION, _LogStats)
         )
@@ -143,8 +166,9 @@ class GapEstimator:
         total = sum(w for w, _, _ in sources)
         mu = sum(w * m for w, m, _ in sources) / total
         var = sum(w * (v + (m - mu) ** 2) for w, m, v in sources) / total
+        sigma = math.sqrt(var)
         return Prediction(
-            expected_s=math.exp(mu), deadline_s=math.exp(mu + self._z * math.sqrt(var))
+            expected_s=math.exp(mu), deadline_s=math.exp(mu + self._z * sigma), spread=sigma
         )
 
     def forget_session(self, tenant: str, sid: str) -> None:

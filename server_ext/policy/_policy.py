@@ -201,7 +201,9 @@ class RetentionPolicy:
         blocks = tuple(dict.fromkeys(block_ids))
         if horizon <= now or not blocks:  # ttl 0 asks for no retention
             return self._decide(actions)
-        expected, deadline = self._window(key, now, horizon, hints.gap, hints.ttl, hints.tool)
+        expected, deadline, spread = self._window(
+            key, now, horizon, hints.gap, hints.ttl, hints.tool
+        )
         kept = self._admit(key.tenant, blocks, now, expected, actions)
         if kept == 0:
             return self._decide(actions, Outcome.REJECTED, Reason.OVER_BUDGET)
@@ -212,6 +214,8 @@ class RetentionPolicy:
             expected_return=expected,
             deadline=deadline,
             horizon=horizon,
+            planned_at=now,
+            spread=spread,
             prio=hints.prio,
             gap=hints.gap,
             ttl=hints.ttl,
@@ -256,7 +260,8 @@ class RetentionPolicy:
         departed = self._pending.get(key)
         if isinstance(event, ToolEndEvent):
             # Coming back now: keep it at least min_retain_s for the request.
-            r.expected_return = now
+            r.expected_return = r.planned_at = now
+            r.spread = 0.0
             if departed is not None:
                 self._pending[key] = departed._replace(expected=now)
             r.deadline = max(r.deadline, min(now + self.config.min_retain_s, r.horizon))
@@ -264,7 +269,10 @@ class RetentionPolicy:
             return self._decide([])
         if event.eta is not None:
             r.gap = event.eta
-        r.expected_return, r.deadline = self._window(key, now, r.horizon, r.gap, r.ttl, event.tool)
+        r.expected_return, r.deadline, r.spread = self._window(
+            key, now, r.horizon, r.gap, r.ttl, event.tool
+        )
+        r.planned_at = now
         if departed is not None:
             self._pending[key] = departed._replace(tool=event.tool, expected=r.expected_return)
         self._schedule(r)
@@ -377,14 +385,15 @@ class RetentionPolicy:
         gap: float | None,
         ttl: int | None,
         tool: str | None,
-    ) -> tuple[float, float]:
-        """(expected return, deadline) of a branch leaving for a tool at ``now``."""
+    ) -> tuple[float, float, float]:
+        """(expected return, deadline, log-space spread) of a branch leaving
+        for a tool at ``now``."""
         c = self.config
         pred = self.estimator.predict(key.tenant, key.sid, tool, gap)
         hold = max(pred.deadline_s * c.gap_slack, c.min_retain_s)
         if gap is None and ttl is None:
             hold = min(hold, c.default_ttl_s)
-        return now + pred.expected_s, min(now + hold, horizon)
+        return now + pred.expected_s, min(now + hold, horizon), pred.spread
 
     def _learn_return(self, key: BranchKey, now: float) -> None:
         departed = self._pending.pop(key, None)

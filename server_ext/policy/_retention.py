@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ._estimator import median_given_elapsed
 from ._keys import BranchKey
 
 
@@ -27,9 +28,13 @@ class Retention:
         key: The branch.
         block_ids: Held block ids, prefix first.
         retained_at: When the branch's request finished.
-        expected_return: Predicted time of the next request (median).
+        expected_return: Predicted time of the next request (median), as
+            planned at ``planned_at``; ``next_use`` moves it on while the
+            branch stays away.
         deadline: Own expiry (a high quantile of the predicted gap, with slack).
         horizon: Hard end of the retention.
+        planned_at: When that prediction was made (departure or tool start).
+        spread: Log-space spread of the predicted gap (0: certain).
         prio: Client urgency 0..7, lower keeps longer (victim tiebreak).
         gap: Latest client gap estimate (request ``gap`` or tool_start ``eta``).
         ttl: The client's ``ttl`` hint.
@@ -47,6 +52,8 @@ class Retention:
     expected_return: float
     deadline: float
     horizon: float
+    planned_at: float
+    spread: float
     prio: int
     gap: float | None
     ttl: int | None
@@ -61,15 +68,26 @@ class Retention:
         its next request waits in the engine's queue."""
         return self.horizon if self.children or self.arrived_at is not None else self.deadline
 
+    def next_use(self, now: float) -> float:
+        """When the branch is predicted back, given that it is still away at
+        ``now``: the median of its predicted gap conditioned on having lasted
+        this long (``expected_return`` when planned, later as it stays away).
+        A branch overdue on a heavy-tailed gap is likely away much longer, so
+        it must not stay the last victim as if it were back any second."""
+        if self.arrived_at is not None:
+            return self.expected_return
+        planned = self.expected_return - self.planned_at
+        return self.planned_at + median_given_elapsed(planned, self.spread, now - self.planned_at)
+
     def victim_rank(self, now: float) -> tuple[bool, bool, float, int, float]:
-        """Sort key, first = released first: expired, then furthest expected
-        return (Belady with predicted next use), then higher ``prio`` number,
-        then oldest; branches whose request already arrived go last, latest
-        arrival first (the queue serves the earliest first)."""
+        """Sort key, first = released first: expired, then furthest predicted
+        return (Belady with predicted next use, ``next_use``), then higher
+        ``prio`` number, then oldest; branches whose request already arrived
+        go last, latest arrival first (the queue serves the earliest first)."""
         return (
             self.arrived_at is not None,
             self.effective_deadline > now,
-            -self.expected_return,
+            -self.next_use(now),
             -self.prio,
             self.retained_at,
         )
@@ -80,4 +98,4 @@ class Retention:
         or expired."""
         if self.effective_deadline <= now:
             return True
-        return self.arrived_at is None and self.expected_return > expected_return
+        return self.arrived_at is None and self.next_use(now) > expected_return
