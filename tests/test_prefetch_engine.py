@@ -67,6 +67,11 @@ def test_warmup_is_not_a_return_and_retains_again() -> None:
     run(e, "w1", [4, 5, 6], prefetch=True)
     assert e.stats.returns == 0
     assert e.stats.held_blocks == 3 and pool.refs[4] == 1
+    # It is the retention the branch had: due back 10 s after it left, not
+    # 10 s after the warm-up.
+    warmed = e.policy.retention(KEY)
+    assert warmed is not None
+    assert (warmed.planned_at, warmed.expected_return) == (0.0, pytest.approx(10.0))
     clock.now = 12.0
     run(e, "r2", [4, 5, 6, 7])  # the real return releases the warmed retention
     assert e.stats.returns == 1

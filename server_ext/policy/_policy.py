@@ -201,21 +201,21 @@ class RetentionPolicy:
         blocks = tuple(dict.fromkeys(block_ids))
         if horizon <= now or not blocks:  # ttl 0 asks for no retention
             return self._decide(actions)
-        expected, deadline, spread = self._window(
-            key, now, horizon, hints.gap, hints.ttl, hints.tool
-        )
-        kept = self._admit(key.tenant, blocks, now, expected, actions)
+        # A warm-up re-creates the retention its branch had when it left.
+        since = None if departs else self._pending.get(key)
+        window = self._window(key, now, horizon, hints.gap, hints.ttl, hints.tool, since)
+        kept = self._admit(key.tenant, blocks, now, window.expected, actions)
         if kept == 0:
             return self._decide(actions, Outcome.REJECTED, Reason.OVER_BUDGET)
         r = Retention(
             key=key,
             block_ids=blocks[:kept],
             retained_at=now,
-            expected_return=expected,
-            deadline=deadline,
+            expected_return=window.expected,
+            deadline=window.deadline,
             horizon=horizon,
-            planned_at=now,
-            spread=spread,
+            planned_at=window.origin,
+            spread=window.spread,
             prio=hints.prio,
             gap=hints.gap,
             ttl=hints.ttl,
@@ -269,10 +269,9 @@ class RetentionPolicy:
             return self._decide([])
         if event.eta is not None:
             r.gap = event.eta
-        r.expected_return, r.deadline, r.spread = self._window(
-            key, now, r.horizon, r.gap, r.ttl, event.tool
-        )
-        r.planned_at = now
+        window = self._window(key, now, r.horizon, r.gap, r.ttl, event.tool)
+        r.expected_return, r.deadline = window.expected, window.deadline
+        r.planned_at, r.spread = window.origin, window.spread
         if departed is not None:
             self._pending[key] = departed._replace(tool=event.tool, expected=r.expected_return)
         self._schedule(r)
@@ -385,15 +384,21 @@ class RetentionPolicy:
         gap: float | None,
         ttl: int | None,
         tool: str | None,
-    ) -> tuple[float, float, float]:
-        """(expected return, deadline, log-space spread) of a branch leaving
-        for a tool at ``now``."""
+        since: _Departure | None = None,
+    ) -> _Window:
+        """The predicted return of a branch leaving for a tool at ``now``, or
+        of one that left as ``since`` says (kept: its plan and its tool)."""
         c = self.config
-        pred = self.estimator.predict(key.tenant, key.sid, tool, gap)
+        pred = self.estimator.predict(
+            key.tenant, key.sid, tool if since is None else since.tool, gap
+        )
         hold = max(pred.deadline_s * c.gap_slack, c.min_retain_s)
         if gap is None and ttl is None:
             hold = min(hold, c.default_ttl_s)
-        return now + pred.expected_s, min(now + hold, horizon), pred.spread
+        if since is None:
+            return _Window(now + pred.expected_s, min(now + hold, horizon), pred.spread, now)
+        deadline = min(max(since.at + hold, now), horizon)
+        return _Window(since.expected, deadline, pred.spread, since.at)
 
     def _learn_return(self, key: BranchKey, now: float) -> None:
         departed = self._pending.pop(key, None)
@@ -509,6 +514,16 @@ class RetentionPolicy:
         if len(self._heap) > 2 * len(self._retentions) + 64:
             self._heap = [(x.effective_deadline, x.token, x.key) for x in self._retentions.values()]
             heapq.heapify(self._heap)
+
+
+class _Window(NamedTuple):
+    """A retention's predicted return: its median, its deadline, the
+    log-space spread of the gap and when the gap began."""
+
+    expected: float
+    deadline: float
+    spread: float
+    origin: float
 
 
 class _Departure(NamedTuple):
