@@ -2,12 +2,16 @@
 
 Replays the prompts of a saved run (the JSON of ``benchmarks.replay``) in the
 order they were sent, one at a time, through a prefix cache of ``--blocks`` full
-blocks, once under LRU and once under Belady's optimal policy (evict the block
-whose next use is furthest in the future: perfect knowledge of what comes).
-Blocks pinned by running requests are ignored, so both numbers are upper bounds
-for their policy *given that order*: when a run's reuse is near the Belady
-bound, better eviction cannot help, only a different order (admission) or more
-capacity (a tier) can.
+blocks, under three policies: LRU (no knowledge of what comes); the
+extension's prediction (evict the blocks of the branch predicted back last:
+its ``GapEstimator``, taught by the run's ``gap`` hints and the gaps seen so
+far, conditioned on how long each branch has been away); and Belady's optimal
+policy (evict the block whose next use is furthest in the future: perfect
+knowledge). Blocks pinned by running requests are ignored, so the numbers are
+upper bounds for their policy *given that order*: when a run's reuse is near
+the Belady bound, better eviction cannot help, only a different order
+(admission) or more capacity (a tier) can; the gap between the predicted and
+the Belady column is what imperfect predictions of returns cost.
 
     python -m benchmarks.bound results/matrix.json [--blocks 256] [--configs retention]
 """
@@ -15,12 +19,17 @@ capacity (a tier) can.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hints_spec import HintError, parse_header
+from server_ext.policy import GapEstimator, median_given_elapsed
 
 from ._traces import PrefixIndex, TokenMapper, select_traces
 
@@ -66,6 +75,67 @@ def bounds(prompts: Sequence[Sequence[int]], block_size: int, capacity: int) -> 
     return lru_hits, belady_hits
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A request of a run, as ``predicted`` needs it.
+
+    Args:
+        prompt: Its token ids.
+        session: Its session (gaps are learned per session, as the server does).
+        branch: Its branch in the session.
+        sent_at: When it was sent; requests come in this order.
+        done_at: When its response ended (the branch leaves for its tool).
+        gap: The ``gap`` hint it carried, if any.
+    """
+
+    prompt: Sequence[int]
+    session: str
+    branch: str
+    sent_at: float
+    done_at: float
+    gap: float | None = None
+
+
+def predicted(requests: Sequence[Sent], block_size: int, capacity: int) -> int:
+    """Cached tokens of ``requests`` served in order, evicting the blocks of
+    the branch the extension's estimator predicts back last.
+
+    Each branch's prediction is made when its response ends (the ``gap`` hint
+    as prior, learned from its earlier gaps) and conditioned on the time it
+    has been away (``median_given_elapsed``), as the retention policy ranks
+    victims; a block shared by several branches goes by the soonest of them,
+    blocks no branch holds any more go first, least recently used first.
+    """
+    index = PrefixIndex(block_size)
+    estimator = GapEstimator()
+    cache: OrderedDict[int, None] = OrderedDict()
+    # Per branch: its blocks, when it left, its predicted median gap and spread.
+    holds: dict[tuple[str, str], tuple[list[int], float, float, float]] = {}
+    hits = 0
+    for r in requests:
+        now = r.sent_at
+        blocks = index.chain(r.prompt)[0]
+        last = holds.get((r.session, r.branch))
+        if last is not None:
+            estimator.observe("", r.session, None, now - last[1])
+        hits += _hits(blocks, len(r.prompt), block_size, cache)
+        for b in blocks:
+            cache[b] = None
+            cache.move_to_end(b)
+        pred = estimator.predict("", r.session, None, r.gap)
+        holds[(r.session, r.branch)] = (blocks, r.done_at, pred.expected_s, pred.spread)
+        if len(cache) > capacity:
+            soonest: dict[int, float] = {}
+            for held, left, median, spread in holds.values():
+                back = left + median_given_elapsed(median, spread, now - left)
+                for b in held:
+                    soonest[b] = min(soonest.get(b, _NEVER), back)
+            order = sorted(cache, key=lambda b: -soonest.get(b, _NEVER))  # stable: LRU first
+            for b in order[: len(cache) - capacity]:
+                del cache[b]
+    return hits
+
+
 def _prompts_of(header: dict[str, Any], traces_dir: Path) -> dict[tuple[str, str, int], list[int]]:
     args = header["args"]
     trace_ids = args.get("trace_ids")
@@ -105,16 +175,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     block_size = header_args["block_size"]
     prompts = _prompts_of(payload, traces_dir)
     wanted = args.configs.split(",") if args.configs else list(payload["configs"])
-    head = f"{'config':<12}{'run reuse':>10}{'LRU bound':>11}{'Belady bound':>14}"
-    print(f"{head}   ({capacity} blocks)")
+    head = f"{'config':<12}{'run reuse':>10}{'LRU':>8}{'predicted':>11}{'Belady':>8}"
+    print(f"{head}   (bounds in the run's send order, {capacity} blocks)")
     for name in wanted:
         records = sorted(payload["configs"][name]["records"], key=lambda r: r["sent_at"])
         theory = sum(r["theoretical_cached"] for r in records)
         cached = sum(r["cached_tokens"] or 0 for r in records)
-        order = [prompts[(r["trace_id"], r["branch"], r["seq"])] for r in records]
-        lru, belady = bounds(order, block_size, capacity)
-        print(f"{name:<12}{cached / theory:>10.1%}{lru / theory:>11.1%}{belady / theory:>14.1%}")
+        sent = [_sent(r, prompts[(r["trace_id"], r["branch"], r["seq"])]) for r in records]
+        lru, belady = bounds([x.prompt for x in sent], block_size, capacity)
+        hinted = predicted(sent, block_size, capacity)
+        print(
+            f"{name:<12}{cached / theory:>10.1%}{lru / theory:>8.1%}"
+            f"{hinted / theory:>11.1%}{belady / theory:>8.1%}"
+        )
     return 0
+
+
+def _sent(record: dict[str, Any], prompt: list[int]) -> Sent:
+    gap = None
+    if record.get("hint"):
+        with contextlib.suppress(HintError):  # a run records only what it sent
+            gap = parse_header(record["hint"]).gap
+    done_at = record["sent_at"] + (record["latency_s"] or 0.0)
+    return Sent(prompt, record["trace_id"], record["branch"], record["sent_at"], done_at, gap)
 
 
 if __name__ == "__main__":

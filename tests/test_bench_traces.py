@@ -26,7 +26,7 @@ from benchmarks._traces import (
     theoretical_cached,
     truncate,
 )
-from benchmarks.bound import bounds
+from benchmarks.bound import Sent, bounds, predicted
 from hints_spec import CONTROL_PATH, HEADER_NAME, USER_TOOL, parse_header
 
 
@@ -355,3 +355,20 @@ def test_offline_bounds_belady_beats_lru_on_a_cyclic_order() -> None:
     assert lru == 0
     assert belady == 4 * 4  # a and b stay; c is never kept
     assert bounds([a, a, a], block_size=4, capacity=1) == (8, 8)
+
+
+def test_offline_predicted_eviction_keeps_the_branches_due_back_first() -> None:
+    # The same cycle, one second apart, each branch hinting its true gap (it
+    # leaves 0.5 s after it is sent and is back 2.5 s later): the branch that
+    # just left is due back last, so it is the one evicted, as Belady would.
+    cycle = [([i] * 4 + [99], f"s{i}") for i in (1, 2, 3)] * 3
+    sent = [
+        Sent(prompt, sid, "root", float(t), t + 0.5, gap=2.5)
+        for t, (prompt, sid) in enumerate(cycle)
+    ]
+    assert predicted(sent, block_size=4, capacity=2) == 4 * 4
+    # Without hints the estimator starts from its 10 s prior and learns the
+    # gaps from the first returns: it keeps the right branches only after that.
+    unhinted = [Sent(x.prompt, x.session, x.branch, x.sent_at, x.done_at) for x in sent]
+    assert 0 < predicted(unhinted, block_size=4, capacity=2) < 4 * 4
+    assert bounds([x.prompt for x in sent], block_size=4, capacity=2) == (0, 4 * 4)
