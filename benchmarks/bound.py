@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hints_spec import HintError, parse_header
-from server_ext.policy import GapEstimator, median_given_elapsed
+from server_ext.policy import GapEstimator, ReturnPlan
 
 from ._traces import PrefixIndex, TokenMapper, select_traces
 
@@ -102,32 +102,31 @@ def predicted(requests: Sequence[Sent], block_size: int, capacity: int) -> int:
 
     Each branch's prediction is made when its response ends (the ``gap`` hint
     as prior, learned from its earlier gaps) and conditioned on the time it
-    has been away (``median_given_elapsed``), as the retention policy ranks
+    has been away (``ReturnPlan.next_use``), as the retention policy ranks
     victims; a block shared by several branches goes by the soonest of them,
     blocks no branch holds any more go first, least recently used first.
     """
     index = PrefixIndex(block_size)
     estimator = GapEstimator()
     cache: OrderedDict[int, None] = OrderedDict()
-    # Per branch: its blocks, when it left, its predicted median gap and spread.
-    holds: dict[tuple[str, str], tuple[list[int], float, float, float]] = {}
+    holds: dict[tuple[str, str], tuple[list[int], ReturnPlan]] = {}  # per branch
     hits = 0
     for r in requests:
         now = r.sent_at
         blocks = index.chain(r.prompt)[0]
         last = holds.get((r.session, r.branch))
         if last is not None:
-            estimator.observe("", r.session, None, now - last[1])
+            estimator.observe("", r.session, None, now - last[1].since)
         hits += _hits(blocks, len(r.prompt), block_size, cache)
         for b in blocks:
             cache[b] = None
             cache.move_to_end(b)
         pred = estimator.predict("", r.session, None, r.gap)
-        holds[(r.session, r.branch)] = (blocks, r.done_at, pred.expected_s, pred.spread)
+        holds[(r.session, r.branch)] = (blocks, pred.plan(r.done_at))
         if len(cache) > capacity:
             soonest: dict[int, float] = {}
-            for held, left, median, spread in holds.values():
-                back = left + median_given_elapsed(median, spread, now - left)
+            for held, plan in holds.values():
+                back = plan.next_use(now)
                 for b in held:
                     soonest[b] = min(soonest.get(b, _NEVER), back)
             order = sorted(cache, key=lambda b: -soonest.get(b, _NEVER))  # stable: LRU first

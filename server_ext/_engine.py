@@ -262,7 +262,7 @@ class EngineRetention:
         short = uncached_blocks - self._pool.free_blocks()
         if short <= 0:
             return False
-        due = self.policy.expected_return(key)
+        due = self.policy.next_return(key, now)
         return due is not None and short > self.policy.releasable_for(due, now, key)
 
     @_contained(None)
@@ -327,11 +327,10 @@ class EngineRetention:
         if entry is None:
             actions = self.policy.make_room(max(blocks_needed, 1))
         else:
-            due = self.policy.expected_return(entry.key)
+            now = self._clock()
+            due = self.policy.next_return(entry.key, now) if entry.prefetch else None
             actions = self.policy.make_room(
-                max(blocks_needed, 1),
-                spare=entry.key,
-                sooner_than=due if entry.prefetch and due is not None else None,
+                max(blocks_needed, 1), now=now, spare=entry.key, sooner_than=due
             )
         self._apply(actions)
         return bool(actions)

@@ -91,17 +91,17 @@ def test_the_policy_checks_each_predicted_return_against_the_actual_gap() -> Non
     p = RetentionPolicy(PolicyConfig(total_blocks=100), clock=lambda: 0.0)
     key = BranchKey("t", "s")
     p.on_request_finished(key, (1, 2), BranchHints(gap=4.0), True, now=0.0)
-    predicted = p.expected_return(key)
+    predicted = p.next_return(key, 0.0)
     assert predicted is not None and 3.0 < predicted < 5.0
     p.on_request_arrived(key, now=2 * predicted)  # twice as late as predicted
     assert p.stats.return_log2_error_sum == pytest.approx(1.0)
     p.on_request_finished(key, (1, 2), BranchHints(gap=4.0), True, now=10.0)
-    second = (p.expected_return(key) or 0.0) - 10.0
+    second = (p.next_return(key, 10.0) or 0.0) - 10.0
     p.on_request_arrived(key, now=10.0 + 100.0)  # far off
     stats = p.stats
     assert stats.predicted_returns == 2 and stats.returns_within_2x == 1
     assert stats.return_log2_error_sum == pytest.approx(1.0 + math.log2(100.0 / second))
-    assert p.expected_return(key) is None  # back: no longer expected
+    assert p.next_return(key, 0.0) is None  # back: no longer expected
 
 
 def test_a_sessions_rare_long_waits_are_not_drowned_by_its_short_tool_gaps() -> None:

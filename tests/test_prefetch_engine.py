@@ -71,7 +71,7 @@ def test_warmup_is_not_a_return_and_retains_again() -> None:
     # 10 s after the warm-up.
     warmed = e.policy.retention(KEY)
     assert warmed is not None
-    assert (warmed.planned_at, warmed.expected_return) == (0.0, pytest.approx(10.0))
+    assert (warmed.plan.since, warmed.expected_return) == (0.0, pytest.approx(10.0))
     clock.now = 12.0
     run(e, "r2", [4, 5, 6, 7])  # the real return releases the warmed retention
     assert e.stats.returns == 1
@@ -120,6 +120,22 @@ def test_a_warmup_takes_room_only_from_branches_due_back_later() -> None:
     # A real request of the same branch takes any room.
     assert e.request_added("r2", params())
     assert e.make_room(4, "r2") and pool.refs[20] == 0
+
+
+def test_an_overdue_branchs_warmup_spares_a_branch_due_back_before_it() -> None:
+    e, pool, clock = engine()
+    run(e, "r1", [1, 2, 3])  # session s: gap 10 s, planned back at ~10 s
+    e.make_room(3)
+    clock.now = 29.0
+    assert e.request_added("soon", other_params("soon", 4.0))
+    e.request_finished("soon", [20, 21])  # due back at ~33 s
+    clock.now = 30.0
+    # Three times its planned gap away, s is now expected back after ``soon``.
+    due = e.policy.next_return(KEY, 30.0)
+    assert due is not None and due > 33.0
+    assert e.request_added("w1", params(prefetch=True))
+    assert not e.make_room(4, "w1")
+    assert pool.refs[20] == 1
 
 
 def test_an_arrived_request_keeps_its_branch_until_scheduled() -> None:

@@ -12,7 +12,7 @@ request be admitted before a long cold prefill.
 from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
 from ._admission import AdmissionConfig, WarmFirstGate
 from ._config import EstimatorConfig, PolicyConfig
-from ._estimator import GapEstimator, Prediction, median_given_elapsed
+from ._estimator import GapEstimator, Prediction, ReturnPlan, median_given_elapsed
 from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent, ToolStartEvent
 from ._keys import ROOT, BranchHints, BranchKey
 from ._planner import Plan, PlannerStats, PrefetchPlanner
@@ -45,6 +45,7 @@ __all__ = [
     "ReleaseReason",
     "Retention",
     "RetentionPolicy",
+    "ReturnPlan",
     "ToolEndEvent",
     "ToolStartEvent",
     "WarmFirstGate",

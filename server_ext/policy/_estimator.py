@@ -34,6 +34,31 @@ class Prediction:
     deadline_s: float
     spread: float = 0.0
 
+    def plan(self, since: float) -> ReturnPlan:
+        """This gap, begun at ``since``."""
+        return ReturnPlan(since, self.expected_s, self.spread)
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnPlan:
+    """When a branch that left at ``since`` is predicted back: after a
+    log-normal gap of median ``median_s`` and log-space ``spread`` (0: certain)."""
+
+    since: float
+    median_s: float
+    spread: float = 0.0
+
+    @property
+    def expected(self) -> float:
+        """The planned return."""
+        return self.since + self.median_s
+
+    def next_use(self, now: float) -> float:
+        """The predicted return given that the branch is still away at
+        ``now``: ``expected`` when planned, later the longer it stays away
+        (``median_given_elapsed``)."""
+        return self.since + median_given_elapsed(self.median_s, self.spread, now - self.since)
+
 
 def median_given_elapsed(median_s: float, spread: float, elapsed_s: float) -> float:
     """Median of a log-normal gap (``median_s``, log-space ``spread``) given

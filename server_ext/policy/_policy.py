@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
 from ._config import PolicyConfig
-from ._estimator import MIN_GAP_S, GapEstimator
+from ._estimator import MIN_GAP_S, GapEstimator, ReturnPlan
 from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent
 from ._keys import ROOT, BranchHints, BranchKey
 from ._ledger import BlockLedger
@@ -158,7 +158,8 @@ class RetentionPolicy:
         self._learn_return(key, now)
         r = self._retentions.get(key)
         if r is not None and r.arrived_at is None:
-            r.arrived_at = r.expected_return = now
+            r.arrived_at = now
+            r.plan = ReturnPlan(now, 0.0)
             self._schedule(r)
 
     def on_request_started(self, key: BranchKey, now: float | None = None) -> list[Action]:
@@ -204,18 +205,16 @@ class RetentionPolicy:
         # A warm-up re-creates the retention its branch had when it left.
         since = None if departs else self._pending.get(key)
         window = self._window(key, now, horizon, hints.gap, hints.ttl, hints.tool, since)
-        kept = self._admit(key.tenant, blocks, now, window.expected, actions)
+        kept = self._admit(key.tenant, blocks, now, window.plan.expected, actions)
         if kept == 0:
             return self._decide(actions, Outcome.REJECTED, Reason.OVER_BUDGET)
         r = Retention(
             key=key,
             block_ids=blocks[:kept],
             retained_at=now,
-            expected_return=window.expected,
+            plan=window.plan,
             deadline=window.deadline,
             horizon=horizon,
-            planned_at=window.origin,
-            spread=window.spread,
             prio=hints.prio,
             gap=hints.gap,
             ttl=hints.ttl,
@@ -260,20 +259,18 @@ class RetentionPolicy:
         departed = self._pending.get(key)
         if isinstance(event, ToolEndEvent):
             # Coming back now: keep it at least min_retain_s for the request.
-            r.expected_return = r.planned_at = now
-            r.spread = 0.0
+            r.plan = ReturnPlan(now, 0.0)
             if departed is not None:
-                self._pending[key] = departed._replace(expected=now)
+                self._pending[key] = departed._replace(plan=r.plan)
             r.deadline = max(r.deadline, min(now + self.config.min_retain_s, r.horizon))
             self._schedule(r)
             return self._decide([])
         if event.eta is not None:
             r.gap = event.eta
         window = self._window(key, now, r.horizon, r.gap, r.ttl, event.tool)
-        r.expected_return, r.deadline = window.expected, window.deadline
-        r.planned_at, r.spread = window.origin, window.spread
+        r.plan, r.deadline = window
         if departed is not None:
-            self._pending[key] = departed._replace(tool=event.tool, expected=r.expected_return)
+            self._pending[key] = departed._replace(tool=event.tool, plan=r.plan)
         self._schedule(r)
         if _beyond(now, r.horizon, event.eta):
             return self._decide([], Outcome.CLIPPED, Reason.TTL_CAPPED)
@@ -346,11 +343,12 @@ class RetentionPolicy:
             if r.key != spare and r.evicts_for(expected_return, now)
         )
 
-    def expected_return(self, key: BranchKey) -> float | None:
-        """When departed branch ``key`` is predicted back, or None if it is
-        not expected (never left, or ended)."""
+    def next_return(self, key: BranchKey, now: float) -> float | None:
+        """When departed branch ``key`` is predicted back, given that it is
+        still away at ``now``; None if it is not expected (never left, or
+        ended)."""
         departed = self._pending.get(key)
-        return None if departed is None else departed.expected
+        return None if departed is None else departed.plan.next_use(now)
 
     def release_all(self, reason: ReleaseReason = ReleaseReason.RESET) -> list[Action]:
         """Release every retention (e.g. on reset_prefix_cache)."""
@@ -396,19 +394,18 @@ class RetentionPolicy:
         if gap is None and ttl is None:
             hold = min(hold, c.default_ttl_s)
         if since is None:
-            return _Window(now + pred.expected_s, min(now + hold, horizon), pred.spread, now)
-        deadline = min(max(since.at + hold, now), horizon)
-        return _Window(since.expected, deadline, pred.spread, since.at)
+            return _Window(pred.plan(now), min(now + hold, horizon))
+        return _Window(since.plan, min(max(since.at + hold, now), horizon))
 
     def _learn_return(self, key: BranchKey, now: float) -> None:
         departed = self._pending.pop(key, None)
         if departed is not None:
             self.estimator.observe(key.tenant, key.sid, departed.tool, now - departed.at)
-            self._calibration.add(departed.expected - departed.at, now - departed.at)
+            self._calibration.add(departed.plan.expected - departed.at, now - departed.at)
 
     def _depart(self, key: BranchKey, now: float, tool: str | None, gap: float | None) -> None:
-        expected = now + self.estimator.predict(key.tenant, key.sid, tool, gap).expected_s
-        self._pending[key] = _Departure(now, tool, expected)
+        plan = self.estimator.predict(key.tenant, key.sid, tool, gap).plan(now)
+        self._pending[key] = _Departure(now, tool, plan)
         self._pending.move_to_end(key)
         if len(self._pending) > self.config.max_pending_returns:
             self._pending.popitem(last=False)
@@ -517,21 +514,18 @@ class RetentionPolicy:
 
 
 class _Window(NamedTuple):
-    """A retention's predicted return: its median, its deadline, the
-    log-space spread of the gap and when the gap began."""
+    """A retention's predicted return and deadline."""
 
-    expected: float
+    plan: ReturnPlan
     deadline: float
-    spread: float
-    origin: float
 
 
 class _Departure(NamedTuple):
-    """A branch expected back: when it left, after which tool, predicted return."""
+    """A branch expected back: when it left, after which tool, its return plan."""
 
     at: float
     tool: str | None
-    expected: float
+    plan: ReturnPlan
 
 
 @dataclass(slots=True)

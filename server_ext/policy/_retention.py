@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._estimator import median_given_elapsed
+from ._estimator import ReturnPlan
 from ._keys import BranchKey
 
 
@@ -28,13 +28,10 @@ class Retention:
         key: The branch.
         block_ids: Held block ids, prefix first.
         retained_at: When the branch's request finished.
-        expected_return: Predicted time of the next request (median), as
-            planned at ``planned_at``; ``next_use`` moves it on while the
-            branch stays away.
+        plan: When its next request is predicted (from its departure, a
+            tool start or end, or its arrival).
         deadline: Own expiry (a high quantile of the predicted gap, with slack).
         horizon: Hard end of the retention.
-        planned_at: When that prediction was made (departure or tool start).
-        spread: Log-space spread of the predicted gap (0: certain).
         prio: Client urgency 0..7, lower keeps longer (victim tiebreak).
         gap: Latest client gap estimate (request ``gap`` or tool_start ``eta``).
         ttl: The client's ``ttl`` hint.
@@ -49,11 +46,9 @@ class Retention:
     key: BranchKey
     block_ids: tuple[int, ...]
     retained_at: float
-    expected_return: float
+    plan: ReturnPlan
     deadline: float
     horizon: float
-    planned_at: float
-    spread: float
     prio: int
     gap: float | None
     ttl: int | None
@@ -68,16 +63,19 @@ class Retention:
         its next request waits in the engine's queue."""
         return self.horizon if self.children or self.arrived_at is not None else self.deadline
 
+    @property
+    def expected_return(self) -> float:
+        """The planned time of the next request (the median)."""
+        return self.plan.expected
+
     def next_use(self, now: float) -> float:
         """When the branch is predicted back, given that it is still away at
-        ``now``: the median of its predicted gap conditioned on having lasted
-        this long (``expected_return`` when planned, later as it stays away).
-        A branch overdue on a heavy-tailed gap is likely away much longer, so
-        it must not stay the last victim as if it were back any second."""
+        ``now`` (``ReturnPlan.next_use``). A branch overdue on a heavy-tailed
+        gap is likely away much longer, so it must not stay the last victim
+        as if it were back any second. A queued request's is its arrival."""
         if self.arrived_at is not None:
-            return self.expected_return
-        planned = self.expected_return - self.planned_at
-        return self.planned_at + median_given_elapsed(planned, self.spread, now - self.planned_at)
+            return self.arrived_at
+        return self.plan.next_use(now)
 
     def victim_rank(self, now: float) -> tuple[bool, bool, float, int, float]:
         """Sort key, first = released first: expired, then furthest predicted
