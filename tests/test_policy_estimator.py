@@ -147,4 +147,6 @@ def test_the_longer_a_branch_is_away_the_later_it_is_expected_back() -> None:
     # median), half of what remains returns by 2 * exp(z_0.75) = 3.93 s.
     assert medians[1] == pytest.approx(2.0 * math.exp(0.6745), rel=1e-3)
     assert median_given_elapsed(2.0, 0.0, 5.0) == 5.0  # certain: due now
+    far = [median_given_elapsed(1.0, 1.0, e) for e in (1e3, 1e4, 1e5)]  # 7-12 sigma out
+    assert far == sorted(far) and math.inf not in far
     assert median_given_elapsed(1.0, 0.1, 1e6) == math.inf  # beyond the fit

@@ -72,10 +72,11 @@ def median_given_elapsed(median_s: float, spread: float, elapsed_s: float) -> fl
     """
     if spread <= 0 or median_s <= 0 or elapsed_s <= 0:
         return max(median_s, elapsed_s)
-    survival = _STANDARD.cdf(math.log(median_s / elapsed_s) / spread)
-    if survival <= 0.0:
+    # Half the chance of still being away (erfc keeps the far tail precise).
+    half_survival = 0.25 * math.erfc(math.log(elapsed_s / median_s) / (spread * math.sqrt(2)))
+    if half_survival <= 0.0:
         return math.inf
-    return median_s * math.exp(-spread * _STANDARD.inv_cdf(survival / 2))
+    return median_s * math.exp(-spread * _STANDARD.inv_cdf(half_survival))
 
 
 @dataclass(slots=True)
