@@ -3,15 +3,15 @@
 Replays the prompts of a saved run (the JSON of ``benchmarks.replay``) in the
 order they were sent, one at a time, through a prefix cache of ``--blocks`` full
 blocks, under three policies: LRU (no knowledge of what comes); the
-extension's prediction (evict the blocks of the branch predicted back last:
-its ``GapEstimator``, taught by the run's ``gap`` hints and the gaps seen so
-far, conditioned on how long each branch has been away); and Belady's optimal
-policy (evict the block whose next use is furthest in the future: perfect
-knowledge). Blocks pinned by running requests are ignored, so the numbers are
-upper bounds for their policy *given that order*: when a run's reuse is near
-the Belady bound, better eviction cannot help, only a different order
-(admission) or more capacity (a tier) can; the gap between the predicted and
-the Belady column is what imperfect predictions of returns cost.
+extension's ``RetentionPolicy`` (retaining each response as the extension
+does, taught by the run's ``gap`` hints and the gaps seen so far, and
+releasing in its victim order); and Belady's optimal policy (evict the block
+whose next use is furthest in the future: perfect knowledge). Blocks pinned
+by running requests are ignored, so the numbers are upper bounds for their
+policy *given that order*: when a run's reuse is near the Belady bound,
+better eviction cannot help, only a different order (admission) or more
+capacity (a tier) can; the gap between the predicted and the Belady column is
+what imperfect predictions of returns cost.
 
     python -m benchmarks.bound results/matrix.json [--blocks 256] [--configs retention]
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hints_spec import HintError, parse_header
-from server_ext.policy import GapEstimator, ReturnPlan
+from server_ext.policy import BranchHints, BranchKey, PolicyConfig, RetentionPolicy
 
 from ._traces import PrefixIndex, TokenMapper, select_traces
 
@@ -97,41 +97,36 @@ class Sent:
 
 
 def predicted(requests: Sequence[Sent], block_size: int, capacity: int) -> int:
-    """Cached tokens of ``requests`` served in order, evicting the blocks of
-    the branch the extension's estimator predicts back last.
+    """Cached tokens of ``requests`` served in order when the extension's
+    ``RetentionPolicy`` chooses what to evict.
 
-    Each branch's prediction is made when its response ends (the ``gap`` hint
-    as prior, learned from its earlier gaps) and conditioned on the time it
-    has been away (``ReturnPlan.next_use``), as the retention policy ranks
-    victims; a block shared by several branches goes by the soonest of them,
-    blocks no branch holds any more go first, least recently used first.
+    Each response's blocks are retained as the policy retains them (its
+    ``gap`` hint as prior, gaps learned per session; budget as in the matrix:
+    the whole cache). When the cache is over capacity, blocks no retention
+    holds go first (least recently used first), then the policy releases
+    retentions in its own victim order: expired first, then the branch
+    predicted back last given how long it has been away.
     """
     index = PrefixIndex(block_size)
-    estimator = GapEstimator()
+    config = PolicyConfig(total_blocks=capacity, max_held_fraction=1.0, max_tenant_fraction=1.0)
+    policy = RetentionPolicy(config)
     cache: OrderedDict[int, None] = OrderedDict()
-    holds: dict[tuple[str, str], tuple[list[int], ReturnPlan]] = {}  # per branch
     hits = 0
     for r in requests:
-        now = r.sent_at
+        key = BranchKey("", r.session, r.branch)
+        policy.on_request_started(key, now=r.sent_at)  # back: learns the gap
         blocks = index.chain(r.prompt)[0]
-        last = holds.get((r.session, r.branch))
-        if last is not None:
-            estimator.observe("", r.session, None, now - last[1].since)
         hits += _hits(blocks, len(r.prompt), block_size, cache)
         for b in blocks:
             cache[b] = None
             cache.move_to_end(b)
-        pred = estimator.predict("", r.session, None, r.gap)
-        holds[(r.session, r.branch)] = (blocks, pred.plan(r.done_at))
-        if len(cache) > capacity:
-            soonest: dict[int, float] = {}
-            for held, plan in holds.values():
-                back = plan.next_use(now)
-                for b in held:
-                    soonest[b] = min(soonest.get(b, _NEVER), back)
-            order = sorted(cache, key=lambda b: -soonest.get(b, _NEVER))  # stable: LRU first
-            for b in order[: len(cache) - capacity]:
+        while len(cache) > capacity:
+            held = {b for retained in policy.retentions() for b in retained.block_ids}
+            for b in [b for b in cache if b not in held][: len(cache) - capacity]:
                 del cache[b]
+            if len(cache) > capacity and not policy.make_room(len(cache) - capacity, now=r.sent_at):
+                break
+        policy.on_request_finished(key, blocks, BranchHints(gap=r.gap), True, now=r.done_at)
     return hits
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from benchmarks._traces import (
     theoretical_cached,
     truncate,
 )
-from benchmarks.bound import Sent, bounds, predicted
+from benchmarks.bound import Sent, bounds, main, predicted
 from hints_spec import CONTROL_PATH, HEADER_NAME, USER_TOOL, parse_header
 
 
@@ -359,16 +360,46 @@ def test_offline_bounds_belady_beats_lru_on_a_cyclic_order() -> None:
 
 def test_offline_predicted_eviction_keeps_the_branches_due_back_first() -> None:
     # The same cycle, one second apart, each branch hinting its true gap (it
-    # leaves 0.5 s after it is sent and is back 2.5 s later): the branch that
-    # just left is due back last, so it is the one evicted, as Belady would.
+    # leaves 0.5 s after it is sent and is back 2.5 s later): the retention
+    # policy releases the branch that just left, due back last, as Belady would.
     cycle = [([i] * 4 + [99], f"s{i}") for i in (1, 2, 3)] * 3
     sent = [
         Sent(prompt, sid, "root", float(t), t + 0.5, gap=2.5)
         for t, (prompt, sid) in enumerate(cycle)
     ]
     assert predicted(sent, block_size=4, capacity=2) == 4 * 4
-    # Without hints the estimator starts from its 10 s prior and learns the
-    # gaps from the first returns: it keeps the right branches only after that.
-    unhinted = [Sent(x.prompt, x.session, x.branch, x.sent_at, x.done_at) for x in sent]
-    assert 0 < predicted(unhinted, block_size=4, capacity=2) < 4 * 4
     assert bounds([x.prompt for x in sent], block_size=4, capacity=2) == (0, 4 * 4)
+
+
+def test_bound_cli_reads_a_saved_run(
+    traces_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = {"traces": str(traces_dir), "trace_ids": None, "n_traces": 2, "scale_k": 4,
+            "max_model_len": 8192, "max_out": 32, "kv_blocks": 64, "block_size": 64}  # fmt: skip
+    prompts, keys = [], []
+    for trace in select_traces(traces_dir, 4, 8192 - 32, n_traces=2):
+        mapper, seq = TokenMapper(trace.trace_id, 4), defaultdict[str, int](int)
+        for branch, request in trace.ordered():
+            prompts.append(mapper.prompt(request.hash_ids))
+            keys.append((trace.trace_id, branch, seq[branch]))
+            seq[branch] += 1
+    cached = theoretical_cached(prompts, 64)
+    records = [
+        {"trace_id": t, "branch": br, "seq": n, "sent_at": float(i), "latency_s": 0.5,
+         "cached_tokens": c, "theoretical_cached": c, "hint": f'v=1, sid="{t}", gap=0.5'}
+        for i, ((t, br, n), c) in enumerate(zip(keys, cached, strict=True))
+    ]  # fmt: skip
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"args": args, "configs": {"retention": {"records": records}}}))
+
+    def row(*extra: str) -> list[float]:
+        assert main([str(run), *extra]) == 0
+        line = capsys.readouterr().out.splitlines()[1].split()
+        assert line[0] == "retention"
+        return [float(x.rstrip("%")) for x in line[1:]]
+
+    # Room for everything: every policy reuses all that an earlier prompt held.
+    assert row("--blocks", "100000") == [100.0] * 4
+    # 64 blocks (the run's own): no policy beats perfect knowledge.
+    reuse, lru, hinted, belady = row()
+    assert reuse == 100.0 and 0 < lru <= belady < 100 and 0 < hinted <= belady
