@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ _HINT_PREFIX = "agent_hints_"
 _BASELINES = ("plain", "unlimited")
 _TIER_MOVED = "agent_hints_tier_bytes_moved_total"
 _PREFETCH = "agent_hints_prefetch_total"
+_LABELLED = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)\{\w+="([^"]*)"\}')
 _MIN_GAP_S = 0.01
 """Gaps are floored here before their log ratio: 0 s and 5 ms are both "at once"."""
 
@@ -53,6 +55,12 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
 
 def _delta(run: ConfigRun, name: str) -> float:
     return run.metrics_after.get(name, 0.0) - run.metrics_before.get(name, 0.0)
+
+
+def _by_label(run: ConfigRun, counter: str) -> dict[str, float]:
+    """Deltas of ``counter``'s series with one label, by the label's value."""
+    found = (_LABELLED.fullmatch(name) for name in run.metrics_after)
+    return {m[2]: _delta(run, m[0]) for m in found if m is not None and m[1] == counter}
 
 
 def _mean_of(run: ConfigRun, histogram: str) -> float | None:
@@ -161,7 +169,7 @@ def summarize(run: ConfigRun) -> dict[str, Any]:
         "server_prefill_time_mean_s": _mean_of(run, "vllm:request_prefill_time_seconds"),
         "kv_usage_mean": statistics.fmean(usage) if usage else None,
         "tier_bytes_moved": _delta(run, _TIER_MOVED),
-        "prefetch": _delta(run, _PREFETCH) if _PREFETCH in run.metrics_after else None,
+        "prefetch": _by_label(run, _PREFETCH) if _PREFETCH in run.metrics_after else None,
         "calibration": _calibration(run.records),
         "server_calibration": _server_calibration(hints),
         "load_avg_at_end": list(run.load_avg),
@@ -258,7 +266,7 @@ def write_json(path: Path, header: Mapping[str, Any], runs: Sequence[ConfigRun])
             "metrics_delta": {
                 name: _delta(run, name)
                 for name in sorted(run.metrics_after)
-                if name.endswith(("_total", "_sum", "_count")) and _delta(run, name)
+                if name.split("{")[0].endswith(("_total", "_sum", "_count")) and _delta(run, name)
             },
             "samples": [dataclasses.asdict(s) for s in run.samples],
             "records": [dataclasses.asdict(r) for r in run.records],

@@ -157,11 +157,13 @@ def _control_event(raw: Mapping[str, Any]) -> ControlEvent | None:
 
 
 class _Tracked(NamedTuple):
-    """A hinted request in flight: its branch, its hints, whether it is a warm-up."""
+    """A hinted request in flight: its branch, its hints, whether it is a
+    warm-up, and whether that warm-up is obsolete (retains nothing)."""
 
     key: BranchKey
     hints: BranchHints
     prefetch: bool
+    obsolete: bool = False
 
 
 class EngineRetention:
@@ -176,7 +178,8 @@ class EngineRetention:
     A prefetch warm-up (``PREFETCH_KEY``) is not its branch's return: it
     neither ends the retention nor teaches the estimator a gap, and when it
     finishes it retains the warmed blocks like the branch's last request did.
-    An ``end`` of its branch while it runs cancels that retention.
+    An ``end`` of its branch, or the branch's real return, while it runs
+    cancels that retention.
     """
 
     def __init__(
@@ -190,8 +193,11 @@ class EngineRetention:
         self._pool = pool
         self._gate = gate
         self._clock = clock
-        # Requests seen by ``request_started`` whose branch may be retained.
+        # Requests seen by ``request_added`` whose branch may be retained.
         self._keys: dict[str, _Tracked] = {}
+        # Requests from arrival to finish, hinted or not, but for warm-ups and
+        # control messages.
+        self._real: set[str] = set()
         self.faults = 0
 
     @property
@@ -207,10 +213,13 @@ class EngineRetention:
     def request_added(
         self, request_id: str, params: Mapping[str, Any] | None, prompt_blocks: int = 0
     ) -> bool:
-        """Register a hinted request of ``prompt_blocks`` full blocks; False
-        when it carries no usable hint."""
+        """Register a request of ``prompt_blocks`` full blocks; False when it
+        carries no usable hint (warm-ups still give way to it)."""
+        if params is not None and CONTROL_KEY in params:
+            return False
         read = read_hint_params(params)
         if read is None:
+            self._real.add(request_id)
             return False
         hints = read.hints
         key = BranchKey(read.tenant, hints["sid"], hints.get("br") or ROOT)
@@ -223,6 +232,7 @@ class EngineRetention:
         )
         self._keys[request_id] = _Tracked(key, branch_hints, read.prefetch)
         if not read.prefetch:
+            self._real.add(request_id)
             self.policy.on_request_arrived(key)
             if self._gate is not None:
                 held = self.policy.retention(key)
@@ -235,11 +245,12 @@ class EngineRetention:
         """Should the scheduler pass over ``request_id`` (which would compute
         ``uncached_blocks``) this step, for a cheaper hinted request?
 
-        A warm-up always gives way: to any real hinted request waiting, and
-        when it does not fit without the blocks of a branch due back before
-        its own. (vLLM stops admitting for the step at the first request that
-        cannot get blocks, so a warm-up left in the queue unable to allocate
-        would hold up every real request behind it.)
+        A warm-up runs only when the engine would otherwise idle: it waits
+        while a real request (hinted or not, from any API server) runs or
+        waits, and when it does not fit without the blocks of a branch due
+        back before its own. (vLLM stops admitting for the step at the first
+        request that cannot get blocks, so a warm-up left in the queue unable
+        to allocate would hold up every real request behind it.)
         """
         entry = self._keys.get(request_id)
         if entry is None:
@@ -257,7 +268,7 @@ class EngineRetention:
         return self._gate.defer(request_id, uncached_blocks, now, return_due)
 
     def _warmup_waits(self, key: BranchKey, uncached_blocks: int, now: float) -> bool:
-        if self._gate is not None and self._gate.waiting:
+        if self._real:
             return True
         short = uncached_blocks - self._pool.free_blocks()
         if short <= 0:
@@ -267,11 +278,13 @@ class EngineRetention:
 
     @_contained(None)
     def request_scheduled(self, request_id: str) -> None:
-        """The request now holds its own block references: its branch returned."""
+        """The request now holds its own block references: its branch returned
+        (a warm-up of it still running is obsolete: it is not retained)."""
         if self._gate is not None:
             self._gate.left(request_id)
         entry = self._keys.get(request_id)
         if entry is not None and not entry.prefetch:
+            self._obsolete_warmups(entry.key, session=False)
             self._apply(self.policy.on_request_started(entry.key))
 
     @_contained(None)
@@ -279,12 +292,13 @@ class EngineRetention:
         """Before vLLM frees the request's blocks: retain them per the hints."""
         if self._gate is not None:
             self._gate.left(request_id)
+        self._real.discard(request_id)
         entry = self._keys.pop(request_id, None)
-        if entry is None:
+        if entry is None or entry.obsolete:
             return
-        key, hints, prefetch = entry
+        key, hints, prefetch, _ = entry
         if hints.end:
-            self._cancel_prefetches(key)
+            self._obsolete_warmups(key, session=key.br == ROOT)
         # The engine cannot see tool calls (parsing is API-side); a request that
         # names a session announces that the session continues, so it counts as
         # one that expects a return unless it says ``end``.
@@ -304,7 +318,8 @@ class EngineRetention:
                 outcomes.append(Outcome.REJECTED)
                 continue
             if isinstance(event, EndEvent):
-                self._cancel_prefetches(BranchKey(tenant, sid, event.br or ROOT))
+                ended = BranchKey(tenant, sid, event.br or ROOT)
+                self._obsolete_warmups(ended, session=ended.br == ROOT)
             decision = self.policy.on_control(tenant, sid, event)
             self._apply(decision.actions)
             outcomes.append(decision.outcome)
@@ -340,14 +355,14 @@ class EngineRetention:
         """Drop every retention (before ``reset_prefix_cache``)."""
         self._apply(self.policy.release_all())
 
-    def _cancel_prefetches(self, key: BranchKey) -> None:
-        """Forget running warm-ups of ``key`` (its session on the root branch),
-        so that an ended branch is not retained again when they finish."""
-        session = key.br == ROOT
+    def _obsolete_warmups(self, key: BranchKey, session: bool) -> None:
+        """Mark the warm-ups of ``key`` in flight (of its whole session if
+        ``session``) obsolete: they still give way while queued, but retain
+        nothing when they finish."""
         for request_id, tracked in list(self._keys.items()):
             k = tracked.key
             if tracked.prefetch and (k == key or (session and k.sibling(ROOT) == key)):
-                del self._keys[request_id]
+                self._keys[request_id] = tracked._replace(obsolete=True)
 
     def _apply(self, actions: list[Action]) -> None:
         for action in actions:

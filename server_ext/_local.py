@@ -60,15 +60,18 @@ class LocalServer:
         return self.root_url + "/v1"
 
     def metrics(self) -> dict[str, float]:
-        """``/metrics`` samples summed over labels, by series name."""
+        """``/metrics`` samples summed over labels, by series name, and each
+        labelled sample under its full name (``name{label="value"}``)."""
         with urllib.request.urlopen(self.root_url + "/metrics", timeout=10) as response:
             text = response.read().decode()
         totals: dict[str, float] = {}
         for line in text.splitlines():
             match = _SAMPLE.match(line)
             if match and not line.startswith("#"):
-                name, value = match.group(1), float(match.group(3))
+                name, labels, value = match.group(1), match.group(2), float(match.group(3))
                 totals[name] = totals.get(name, 0.0) + value
+                if labels:
+                    totals[name + labels] = value
         return totals
 
     def post_json(

@@ -5,7 +5,9 @@ each branch will be back, and the engine is often idle during tool gaps, so the
 ``Prefetcher`` replays a branch's last hinted request as a 1-token warm-up at
 (expected return - lead time): the prompt's KV is then back in the prefix cache,
 and retained again by the engine, when the real request arrives. Warm-ups are
-low priority: one at a time, and only while no real request is in flight.
+low priority: one at a time, and only while no real request is in flight (the
+engine, which sees every API server's traffic, holds one back too). A warm-up
+is cancelled when its branch returns or ends first.
 
 No vLLM import: it drives the downstream ASGI app, so tests run it against a
 fake app.
@@ -82,10 +84,12 @@ class _LastRequest:
 class Prefetcher:
     """Plans and issues warm-ups; the middleware routes every POST through ``serve``.
 
-    Invariants: at most one warm-up runs at a time, and a warm-up starts only
-    when no real request is in flight (a real request that arrives meanwhile is
-    served concurrently, never queued behind it); remembered requests are
-    bounded by count and bytes (least recently used dropped first).
+    Invariants: at most one warm-up runs at a time (``step`` awaits it), and a
+    warm-up starts only when no real request is in flight (a real request that
+    arrives meanwhile is served concurrently, never queued behind it); a
+    warm-up whose branch returns or ends is cancelled (its engine request
+    aborted); remembered requests are bounded by count and bytes (least
+    recently used dropped first).
 
     Args:
         app: The downstream ASGI app (vLLM's routes).
@@ -119,6 +123,7 @@ class Prefetcher:
         self._bytes = 0
         self._ready: dict[BranchKey, None] = {}
         self._in_flight = 0
+        self._warming: tuple[BranchKey, asyncio.Task[None]] | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -143,6 +148,7 @@ class Prefetcher:
             if branch.key in self._ready:
                 del self._ready[branch.key]
                 PREFETCHES.labels("cancelled").inc()
+            self._cancel_warmup(lambda key: key == branch.key)
         status = 0
         tokens = len(body) // 4  # rough, until the response reports its usage
 
@@ -242,10 +248,21 @@ class Prefetcher:
 
         PREFETCHES.labels("issued").inc()
         start = self._clock()
+        warmup = asyncio.ensure_future(self.app(scope, receive, discard))
+        self._warming = (key, warmup)
         try:
-            await asyncio.wait_for(self.app(scope, receive, discard), self._timeout)
-        except Exception:
-            logger.warning("agent-hints: prefetch warm-up failed", exc_info=True)
+            done, _ = await asyncio.wait([warmup], timeout=self._timeout)
+        finally:
+            self._warming = None
+            warmup.cancel()  # past its timeout (or this step cancelled); else a no-op
+        if not done:
+            logger.warning("agent-hints: prefetch warm-up timed out")
+            status = 0
+        elif warmup.cancelled():  # its branch came back or ended first
+            PREFETCHES.labels("cancelled").inc()
+            return
+        elif warmup.exception() is not None:
+            logger.warning("agent-hints: prefetch warm-up failed", exc_info=warmup.exception())
             status = 0
         if 200 <= status < 300:
             PREFETCHES.labels("completed").inc()
@@ -269,9 +286,16 @@ class Prefetcher:
         if last is not None:
             self._bytes -= len(last.body)
 
+    def _cancel_warmup(self, obsolete: Callable[[BranchKey], bool]) -> None:
+        """Cancel the running warm-up if its branch is ``obsolete``."""
+        if self._warming is not None and obsolete(self._warming[0]):
+            self._warming[1].cancel()
+
     def _ended(self, key: BranchKey) -> None:
         """``key`` ended (its whole session on the root branch)."""
         self.planner.ended(key)
+        session = key.br == ROOT
+        self._cancel_warmup(lambda k: k == key or (session and k.sibling(ROOT) == key))
         if key.br != ROOT:
             self._forget(key)
             return

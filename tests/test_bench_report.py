@@ -118,10 +118,17 @@ def test_tier_bytes_and_prefetches_are_deltas_of_their_counters() -> None:
         [_record(600, 800, 0.1)],
         agent_hints_tier_bytes_moved_total=3_500_000.0,
         agent_hints_prefetch_total=7.0,
+        **{
+            'agent_hints_prefetch_total{result="issued"}': 4.0,
+            'agent_hints_prefetch_total{result="cancelled"}': 3.0,
+            'agent_hints_prefetch_created{result="issued"}': 1e9,
+        },
     )
     tiered.metrics_before["agent_hints_tier_bytes_moved_total"] = 500_000.0
+    tiered.metrics_before['agent_hints_prefetch_total{result="issued"}'] = 1.0
     s = summarize(tiered)
-    assert (s["tier_bytes_moved"], s["prefetch"]) == (3_000_000.0, 7.0)
+    assert s["tier_bytes_moved"] == 3_000_000.0
+    assert s["prefetch"] == {"issued": 3.0, "cancelled": 3.0}
     plain = summarize(_run("plain", [_record(400, 800, 0.4)]))
     assert (plain["tier_bytes_moved"], plain["prefetch"]) == (0.0, None)
     lines = format_table([plain, s]).splitlines()

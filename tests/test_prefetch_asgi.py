@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hints_spec import AgentHints
+from hints_spec import AgentHints, End
 from server_ext import AgentHintsMiddleware, ExtensionConfig, ExtensionConfigError
 from server_ext.__main__ import main as serve_main
 from server_ext._engine import PREFETCH_KEY, hint_params
@@ -30,11 +30,13 @@ class Clock:
 
 
 class Downstream:
-    """Records every request; real requests can be held open with ``gate``."""
+    """Records every request; real requests can be held open with ``gate``,
+    warm-ups with ``warm_gate``."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, Any], dict[bytes, bytes]]] = []
         self.gate: asyncio.Event | None = None
+        self.warm_gate: asyncio.Event | None = None
 
     async def __call__(
         self, scope: dict[str, Any], receive: Callable[[], Awaitable[Message]], send: Any
@@ -50,8 +52,9 @@ class Downstream:
         assert headers[b"content-length"] == str(len(body)).encode()
         self.requests.append((scope["path"], payload, headers))
         warmup = payload.get("kv_transfer_params", {}).get(PREFETCH_KEY)
-        if self.gate is not None and not warmup:
-            await self.gate.wait()
+        gate = self.warm_gate if warmup else self.gate
+        if gate is not None:
+            await gate.wait()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b'{"usage":{"prompt_tokens":300}}'})
 
@@ -195,6 +198,30 @@ def test_no_warmup_while_a_real_request_is_in_flight() -> None:
     run(scenario)
 
 
+@pytest.mark.parametrize("how", ["returns", "ends"])
+def test_a_running_warmup_is_cancelled_when_its_branch_returns_or_ends(how: str) -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+        before = counts()
+        await request(p, lowered(), BRANCH)
+        clock.now = 1.0
+        await request(p, lowered(), Branch(BranchKey(KEY.tenant, "s2"), 10.0, False))
+        app.warm_gate = asyncio.Event()  # warm-ups stay queued in the engine
+        clock.now = 9.5
+        step = asyncio.create_task(p.step())
+        await asyncio.sleep(0.01)
+        assert len(app.warmups) == 1  # of s1: s2 is due back later
+        await request(p, lowered(), Branch(BranchKey(KEY.tenant, "s2"), 10.0, False))
+        assert not step.done()  # another branch's return leaves it running
+        if how == "returns":
+            await request(p, lowered(), BRANCH)
+        else:
+            p.control(KEY.tenant, KEY.sid, [End(type="end")])
+        await asyncio.wait_for(step, 1.0)
+        assert delta(before) == {"issued": 1, "cancelled": 1}
+
+    run(scenario)
+
+
 def test_return_cancels_a_pending_warmup() -> None:
     async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
         before = counts()
@@ -222,8 +249,6 @@ def test_return_cancels_a_pending_warmup() -> None:
 
 def test_end_cancels_by_hint_and_by_control_event() -> None:
     async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
-        from hints_spec import End
-
         await request(p, lowered(), BRANCH)
         p.control(KEY.tenant, KEY.sid, [End(type="end")])
         other = BranchKey(KEY.tenant, "s2")

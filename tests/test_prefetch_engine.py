@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from hints_spec import AgentHints
-from server_ext._engine import PREFETCH_KEY, EngineRetention, hint_params
+from server_ext._engine import PREFETCH_KEY, EngineRetention, control_params, hint_params
 from server_ext.policy import BranchKey, PolicyConfig, RetentionPolicy, WarmFirstGate
 
 KEY = BranchKey("t", "s")
@@ -169,7 +169,7 @@ def test_a_warmup_waits_rather_than_take_a_sooner_branchs_blocks() -> None:
     assert not e.defers("w1", 6)
 
 
-def test_a_warmup_gives_way_to_a_waiting_real_request() -> None:
+def test_a_warmup_waits_while_a_real_request_runs_or_waits() -> None:
     e, pool, _ = engine(WarmFirstGate())
     pool.free = 100
     run(e, "r1", [1, 2, 3])
@@ -179,5 +179,27 @@ def test_a_warmup_gives_way_to_a_waiting_real_request() -> None:
     assert e.request_added("x1", other_params("x", 5.0))  # a real request queues
     assert e.defers("w1", 3)
     e.request_scheduled("x1")
+    assert e.defers("w1", 3)  # ... and runs
+    e.request_finished("x1", [9])
+    assert not e.request_added("u1", None)  # unhinted traffic counts too
+    assert e.defers("w1", 3)
+    e.request_finished("u1", [])
+    assert not e.request_added("c1", control_params("t", "s", []))  # not traffic
     assert not e.defers("w1", 3)
     assert e.deferrals == 0  # the metric counts real requests held back only
+
+
+def test_a_warmup_whose_branch_came_back_retains_nothing() -> None:
+    e, pool, clock = engine()
+    run(e, "r1", [1, 2, 3])
+    e.make_room(3)
+    clock.now = 9.0
+    assert e.request_added("w1", params(prefetch=True))
+    e.request_scheduled("w1")
+    clock.now = 9.5
+    assert e.request_added("r2", params())  # back while its warm-up runs
+    e.request_scheduled("r2")
+    e.request_finished("w1", [4, 5])  # aborted or done after the return
+    assert e.stats.held_blocks == 0 and +pool.refs == Counter()
+    e.request_finished("r2", [4, 5, 6])
+    assert e.stats.held_blocks == 3
