@@ -31,12 +31,13 @@ class Clock:
 
 class Downstream:
     """Records every request; real requests can be held open with ``gate``,
-    warm-ups with ``warm_gate``."""
+    warm-ups with ``warm_gate``; counts requests cancelled while held."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, Any], dict[bytes, bytes]]] = []
         self.gate: asyncio.Event | None = None
         self.warm_gate: asyncio.Event | None = None
+        self.aborted = 0
 
     async def __call__(
         self, scope: dict[str, Any], receive: Callable[[], Awaitable[Message]], send: Any
@@ -54,7 +55,11 @@ class Downstream:
         warmup = payload.get("kv_transfer_params", {}).get(PREFETCH_KEY)
         gate = self.warm_gate if warmup else self.gate
         if gate is not None:
-            await gate.wait()
+            try:
+                await gate.wait()
+            except asyncio.CancelledError:
+                self.aborted += 1
+                raise
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b'{"usage":{"prompt_tokens":300}}'})
 
@@ -111,12 +116,17 @@ async def request(
     await prefetcher.serve(scope, body, branch, receive, send)
 
 
-def run(test: Callable[[Prefetcher, Downstream, Clock], Coroutine[Any, Any, None]]) -> None:
+def run(
+    test: Callable[[Prefetcher, Downstream, Clock], Coroutine[Any, Any, None]],
+    timeout_s: float = 60.0,
+) -> None:
     async def main() -> None:
         clock = Clock()
         app = Downstream()
         planner = PrefetchPlanner(clock=clock, margin_s=0.5, seconds_per_token=0.001)
-        prefetcher = Prefetcher(app, planner, clock=clock, interval_s=3600)  # tests step()
+        prefetcher = Prefetcher(  # tests call step()
+            app, planner, clock=clock, interval_s=3600, timeout_s=timeout_s
+        )
         try:
             await test(prefetcher, app, clock)
         finally:
@@ -217,9 +227,25 @@ def test_a_running_warmup_is_cancelled_when_its_branch_returns_or_ends(how: str)
         else:
             p.control(KEY.tenant, KEY.sid, [End(type="end")])
         await asyncio.wait_for(step, 1.0)
+        await asyncio.sleep(0)
+        assert app.aborted == 1
         assert delta(before) == {"issued": 1, "cancelled": 1}
 
     run(scenario)
+
+
+def test_a_warmup_past_its_timeout_is_aborted_and_counted_failed() -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+        before = counts()
+        await request(p, lowered(), BRANCH)
+        app.warm_gate = asyncio.Event()  # never admitted
+        clock.now = 9.5
+        await asyncio.wait_for(p.step(), 1.0)
+        await asyncio.sleep(0)
+        assert app.aborted == 1
+        assert delta(before) == {"issued": 1, "failed": 1}
+
+    run(scenario, timeout_s=0.05)
 
 
 def test_return_cancels_a_pending_warmup() -> None:

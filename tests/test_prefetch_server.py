@@ -10,9 +10,7 @@ whose return is not due yet (gap 600 s) gets no warm-up and stays evicted.
 from __future__ import annotations
 
 import random
-import re
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,19 +53,16 @@ def complete(server: LocalServer, prompt: list[int], hints: str | None = None) -
     return int(reply["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
 
 
-def prefetches(server: LocalServer) -> dict[str, float]:
-    """``agent_hints_prefetch_total`` by result."""
-    with urllib.request.urlopen(server.root_url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    found = re.findall(r'^agent_hints_prefetch_total\{result="(\w+)"\} (\S+)$', text, re.M)
-    return {result: float(value) for result, value in found}
+def prefetches(result: str) -> str:
+    """The series of ``agent_hints_prefetch_total`` for ``result``."""
+    return f'agent_hints_prefetch_total{{result="{result}"}}'
 
 
 def scenario(server: LocalServer, sid: str, gap: float, seed: int) -> dict[str, float]:
     """Session prompt, a concurrent flood, idle past the gap (and past the warm-up,
     if any), the return. Reports the return's cached tokens, timings and deltas
     of the prefetch and engine counters."""
-    before = {**prefetches(server), **server.metrics()}
+    before = server.metrics()
     session = tokens(seed)
     hints = f'v=1, sid="{sid}", gap={gap}'
     assert complete(server, session, hints) == 0
@@ -75,24 +70,25 @@ def scenario(server: LocalServer, sid: str, gap: float, seed: int) -> dict[str, 
     with ThreadPoolExecutor(6) as pool:  # all in flight at once: the engine is busy
         list(pool.map(lambda i: complete(server, tokens(seed * 100 + i)), range(6)))
     flood_s = time.monotonic() - departed
-    deadline = departed + 20.0
+    deadline, completed = departed + 20.0, prefetches("completed")
     while time.monotonic() < departed + 5.0 or (  # idle > the 3 s gap ...
         gap < 60  # ... and, when one is due, until the warm-up is done
-        and prefetches(server).get("completed", 0) == before.get("completed", 0)
+        and server.metrics().get(completed, 0) == before.get(completed, 0)
         and time.monotonic() < deadline
     ):
         time.sleep(0.2)
     cached = complete(server, session + tokens(seed + 1, 64), hints)
     returned_s = time.monotonic() - departed
     time.sleep(1.0)  # engine stats reach /metrics with the steps after the return
-    after = {**prefetches(server), **server.metrics()}
+    after = server.metrics()
     status, _ = server.post_json(
         "/v1/agent-hints/events", {"v": 1, "sid": sid, "events": [{"type": "end"}]}
     )
     assert status == 200
-    names = ("issued", "completed", "cancelled", "skipped", "failed")
-    names += ("agent_hints_holds_total", "agent_hints_returns_total")
-    deltas = {n: after.get(n, 0) - before.get(n, 0) for n in names}
+    results = ("issued", "completed", "cancelled", "skipped", "failed")
+    deltas = {r: after.get(prefetches(r), 0) - before.get(prefetches(r), 0) for r in results}
+    for name in ("agent_hints_holds_total", "agent_hints_returns_total"):
+        deltas[name] = after.get(name, 0) - before.get(name, 0)
     return {"cached": cached, "flood_s": flood_s, "returned_s": returned_s, **deltas}
 
 
