@@ -17,7 +17,7 @@ from hints_spec import HintError, parse_header
 from ._replay import RequestRecord
 from ._server import MetricsSample
 
-__all__ = ["ConfigRun", "format_table", "summarize", "write_json"]
+__all__ = ["ConfigRun", "format_table", "hinted_gap", "summarize", "write_json"]
 
 _HINT_PREFIX = "agent_hints_"
 _BASELINES = ("plain", "unlimited")
@@ -68,7 +68,8 @@ def _mean_of(run: ConfigRun, histogram: str) -> float | None:
     return _delta(run, histogram + "_sum") / count if count else None
 
 
-def _hinted_gap(hint: str | None) -> float | None:
+def hinted_gap(hint: str | None) -> float | None:
+    """The ``gap`` of a recorded ``Agent-Hints`` header, if it has a valid one."""
     if hint is None:
         return None
     try:
@@ -90,7 +91,7 @@ def _calibration(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
         last[key] = r
         if prev is None or prev.latency_s is None or r.seq != prev.seq + 1:
             continue
-        gap = _hinted_gap(prev.hint)
+        gap = hinted_gap(prev.hint)
         if gap is not None:
             predicted.append(gap)
             actual.append(max(r.sent_at - (prev.sent_at + prev.latency_s), 0.0))

@@ -19,7 +19,6 @@ what imperfect predictions of returns cost.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from collections import OrderedDict, defaultdict
@@ -28,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hints_spec import HintError, parse_header
 from server_ext.policy import BranchHints, BranchKey, PolicyConfig, RetentionPolicy
 
+from ._report import hinted_gap
 from ._traces import PrefixIndex, TokenMapper, select_traces
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -186,11 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _sent(record: dict[str, Any], prompt: list[int]) -> Sent:
-    gap = None
-    if record.get("hint"):
-        with contextlib.suppress(HintError):  # a run records only what it sent
-            gap = parse_header(record["hint"]).gap
     done_at = record["sent_at"] + (record["latency_s"] or 0.0)
+    gap = hinted_gap(record.get("hint"))
     return Sent(prompt, record["trace_id"], record["branch"], record["sent_at"], done_at, gap)
 
 

@@ -196,8 +196,9 @@ class EngineRetention:
         # Requests seen by ``request_added`` whose branch may be retained.
         self._keys: dict[str, _Tracked] = {}
         # Requests from arrival to finish, hinted or not, but for warm-ups and
-        # control messages.
+        # control messages; and the warm-ups among ``_keys``.
         self._real: set[str] = set()
+        self._warmups: set[str] = set()
         self.faults = 0
 
     @property
@@ -231,7 +232,9 @@ class EngineRetention:
             pbr=hints.get("pbr"),
         )
         self._keys[request_id] = _Tracked(key, branch_hints, read.prefetch)
-        if not read.prefetch:
+        if read.prefetch:
+            self._warmups.add(request_id)
+        else:
             self._real.add(request_id)
             self.policy.on_request_arrived(key)
             if self._gate is not None:
@@ -293,6 +296,7 @@ class EngineRetention:
         if self._gate is not None:
             self._gate.left(request_id)
         self._real.discard(request_id)
+        self._warmups.discard(request_id)
         entry = self._keys.pop(request_id, None)
         if entry is None or entry.obsolete:
             return
@@ -359,9 +363,10 @@ class EngineRetention:
         """Mark the warm-ups of ``key`` in flight (of its whole session if
         ``session``) obsolete: they still give way while queued, but retain
         nothing when they finish."""
-        for request_id, tracked in list(self._keys.items()):
+        for request_id in self._warmups:
+            tracked = self._keys[request_id]
             k = tracked.key
-            if tracked.prefetch and (k == key or (session and k.sibling(ROOT) == key)):
+            if k == key or (session and k.sibling(ROOT) == key):
                 self._keys[request_id] = tracked._replace(obsolete=True)
 
     def _apply(self, actions: list[Action]) -> None:
