@@ -7,17 +7,26 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hints_spec import HintError, parse_header
 
 from ._replay import RequestRecord
 from ._server import MetricsSample
 
-__all__ = ["ConfigRun", "format_table", "hinted_gap", "summarize", "write_json"]
+__all__ = [
+    "ConfigRun",
+    "Return",
+    "format_table",
+    "hinted_gap",
+    "read_json",
+    "returns",
+    "summarize",
+    "write_json",
+]
 
 _HINT_PREFIX = "agent_hints_"
 _BASELINES = ("plain", "unlimited")
@@ -78,23 +87,37 @@ def hinted_gap(hint: str | None) -> float | None:
         return None
 
 
+class Return(NamedTuple):
+    """A request of a branch whose previous request completed: the branch was
+    away for ``wait_s``, from that response's end to this request."""
+
+    previous: RequestRecord
+    record: RequestRecord
+    wait_s: float
+
+
+def returns(records: Iterable[RequestRecord]) -> Iterator[Return]:
+    """Every return in ``records`` (a branch's first request is none)."""
+    last: dict[tuple[str, str], RequestRecord] = {}
+    for r in sorted(records, key=lambda r: r.sent_at):
+        key = (r.trace_id, r.branch)
+        prev = last.get(key)
+        last[key] = r
+        if prev is not None and prev.latency_s is not None and r.seq == prev.seq + 1:
+            yield Return(prev, r, max(r.sent_at - (prev.sent_at + prev.latency_s), 0.0))
+
+
 def _calibration(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
     """How well each hinted ``gap`` predicted the real one (this response to the
     next request of the branch): retention and prefetch act on the prediction,
     so a poor one explains a poor result. None without a single pair."""
-    last: dict[tuple[str, str], RequestRecord] = {}
     predicted: list[float] = []
     actual: list[float] = []
-    for r in records:  # issue order: a branch's next request comes later
-        key = (r.trace_id, r.branch)
-        prev = last.get(key)
-        last[key] = r
-        if prev is None or prev.latency_s is None or r.seq != prev.seq + 1:
-            continue
+    for prev, _, wait_s in returns(records):
         gap = hinted_gap(prev.hint)
         if gap is not None:
             predicted.append(gap)
-            actual.append(max(r.sent_at - (prev.sent_at + prev.latency_s), 0.0))
+            actual.append(wait_s)
     if not predicted:
         return None
     errors = [

@@ -24,6 +24,7 @@ __all__ = [
     "TRACE_BLOCK",
     "Fork",
     "PrefixIndex",
+    "RequestKey",
     "SubAgent",
     "TokenMapper",
     "Trace",
@@ -32,6 +33,7 @@ __all__ = [
     "fits",
     "load_trace",
     "parse_trace",
+    "run_requests",
     "select_traces",
     "theoretical_cached",
     "truncate",
@@ -237,6 +239,30 @@ def select_traces(
                 break
     selected = [truncate(t, k, max_prompt, max_requests) for t in traces]
     return [t for t in selected if t.steps]
+
+
+RequestKey = tuple[str, str, int]
+"""(trace id, branch, n-th request of the branch): how a run's records name requests."""
+
+
+def run_requests(args: Mapping[str, Any], directory: Path) -> dict[RequestKey, TraceRequest]:
+    """The trace requests a saved run replayed, from its header's ``args``."""
+    trace_ids = args.get("trace_ids")
+    traces = select_traces(
+        directory,
+        args["scale_k"],
+        args["max_model_len"] - args["max_out"],
+        trace_ids=trace_ids.split(",") if trace_ids else None,
+        n_traces=args["n_traces"],
+        max_requests=args.get("max_requests_per_trace"),
+    )
+    requests: dict[RequestKey, TraceRequest] = {}
+    for trace in traces:
+        seq: dict[str, int] = {}
+        for branch, request in trace.ordered():
+            n = seq[branch] = seq.get(branch, -1) + 1
+            requests[(trace.trace_id, branch, n)] = request
+    return requests
 
 
 class TokenMapper:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +30,7 @@ from typing import Any
 from server_ext.policy import BranchHints, BranchKey, PolicyConfig, RetentionPolicy
 
 from ._report import hinted_gap
-from ._traces import PrefixIndex, TokenMapper, select_traces
+from ._traces import PrefixIndex, RequestKey, TokenMapper, run_requests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,24 +129,12 @@ def predicted(requests: Sequence[Sent], block_size: int, capacity: int) -> int:
     return hits
 
 
-def _prompts_of(header: dict[str, Any], traces_dir: Path) -> dict[tuple[str, str, int], list[int]]:
-    args = header["args"]
-    trace_ids = args.get("trace_ids")
-    traces = select_traces(
-        traces_dir,
-        args["scale_k"],
-        args["max_model_len"] - args["max_out"],
-        trace_ids=trace_ids.split(",") if trace_ids else None,
-        n_traces=args["n_traces"],
-        max_requests=args.get("max_requests_per_trace"),
-    )
-    prompts: dict[tuple[str, str, int], list[int]] = {}
-    for trace in traces:
-        mapper = TokenMapper(trace.trace_id, args["scale_k"])
-        seq: defaultdict[str, int] = defaultdict(int)
-        for branch, request in trace.ordered():
-            prompts[(trace.trace_id, branch, seq[branch])] = mapper.prompt(request.hash_ids)
-            seq[branch] += 1
+def _prompts_of(args: dict[str, Any], traces_dir: Path) -> dict[RequestKey, list[int]]:
+    mappers: dict[str, TokenMapper] = {}
+    prompts: dict[RequestKey, list[int]] = {}
+    for key, request in run_requests(args, traces_dir).items():
+        mapper = mappers.setdefault(key[0], TokenMapper(key[0], args["scale_k"]))
+        prompts[key] = mapper.prompt(request.hash_ids)
     return prompts
 
 
@@ -166,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     capacity = args.blocks or header_args["kv_blocks"]
     block_size = header_args["block_size"]
-    prompts = _prompts_of(payload, traces_dir)
+    prompts = _prompts_of(header_args, traces_dir)
     wanted = args.configs.split(",") if args.configs else list(payload["configs"])
     head = f"{'config':<12}{'run reuse':>10}{'LRU':>8}{'predicted':>11}{'Belady':>8}"
     print(f"{head}   (bounds in the run's send order, {capacity} blocks)")
