@@ -5,8 +5,10 @@ a hit (at most one block of the prefix an earlier prompt held was recomputed)
 or a miss. Per configuration it prints
 
 - the missed tokens by how long the branch was away before each return (its
-  previous response's end to this request), and how many of those waits
-  followed an ended turn (a wait on the user, read from the traces);
+  previous response's end to this request), how many of those waits followed
+  an ended turn (a wait on the user, read from the traces), and before how
+  many missed returns the engine idled at all (a gauge sample with no request
+  running or waiting: a warm-up could have run);
 - the TTFT summed by kind of request, beside the same requests' TTFT in a
   bound configuration of the run (``--bound``, default ``unlimited``).
 
@@ -19,6 +21,7 @@ can avoid; a kind whose TTFT far exceeds the bound's says where the mean goes::
 from __future__ import annotations
 
 import argparse
+import bisect
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,12 +30,15 @@ from typing import Literal
 
 from ._replay import RequestRecord
 from ._report import ConfigRun, read_json, returns
+from ._server import MetricsSample
 from ._traces import RequestKey, default_traces_dir, run_requests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 WAIT_EDGES_S = (1.0, 2.0, 4.0, 8.0, 16.0)
 """Upper edges of the wait bins (scaled seconds); the last bin is open."""
+
+_RUNNING, _WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 
 Kind = Literal["first", "hit", "miss"]
 KINDS: tuple[Kind, ...] = ("first", "hit", "miss")
@@ -53,25 +59,33 @@ class WaitBin:
     missed_returns: int = 0
     missed_tokens: int = 0
     after_ended_turn: int = 0
+    missed_after_idle: int = 0
 
 
 def by_wait(
     records: Iterable[RequestRecord],
     block_size: int,
     ends_turn: Mapping[RequestKey, bool],
+    samples: Sequence[MetricsSample] = (),
     edges: Sequence[float] = WAIT_EDGES_S,
 ) -> list[WaitBin]:
     """Returns binned by the wait before them. A return missed when more than
     one block was recomputed; it followed an ended turn when its branch's
-    previous request did (``ends_turn``, by record key; absent = no)."""
+    previous request did (``ends_turn``, by record key; absent = no); the
+    engine idled during the wait when one of ``samples`` in it shows no
+    request running or waiting."""
+    idle = sorted(s.t for s in samples if not s.values.get(_RUNNING) and not s.values.get(_WAITING))
     lows = (0.0, *edges)
     bins = [WaitBin(low, high) for low, high in zip(lows, (*edges, float("inf")), strict=True)]
     for previous, record, wait_s in returns(records):
         b = bins[sum(wait_s >= edge for edge in edges)]
+        lost = missed(record) > block_size
         b.returns += 1
-        b.missed_returns += missed(record) > block_size
+        b.missed_returns += lost
         b.missed_tokens += missed(record)
         b.after_ended_turn += ends_turn.get(_key(previous), False)
+        i = bisect.bisect_left(idle, record.sent_at - wait_s)
+        b.missed_after_idle += lost and i < len(idle) and idle[i] < record.sent_at
     return bins
 
 
@@ -108,14 +122,14 @@ def _key(record: RequestRecord) -> RequestKey:
 def _wait_table(bins: Sequence[WaitBin], total_missed: int) -> list[str]:
     lines = [
         f"  {'wait before return':<20}{'returns':>8}{'missed':>8}{'missed tokens':>15}"
-        f"{'share':>7}{'after ended turn':>18}"
+        f"{'share':>7}{'after ended turn':>18}{'missed after idle':>19}"
     ]
     for b in bins:
         label = f">= {b.low_s:g} s" if b.high_s == float("inf") else f"{b.low_s:g}-{b.high_s:g} s"
         share = b.missed_tokens / total_missed if total_missed else 0.0
         lines.append(
             f"  {label:<20}{b.returns:>8}{b.missed_returns:>8}{b.missed_tokens:>15,}"
-            f"{share:>7.0%}{b.after_ended_turn:>18}"
+            f"{share:>7.0%}{b.after_ended_turn:>18}{b.missed_after_idle:>19}"
         )
     return lines
 
@@ -151,7 +165,7 @@ def report(
             f"{name}: {len(records)} requests; {total:,} of {theory:,} tokens an earlier "
             f"prompt held were recomputed"
         )
-        out += _wait_table(by_wait(records, block_size, ends_turn), total)
+        out += _wait_table(by_wait(records, block_size, ends_turn, runs[name].samples), total)
         if bound in runs:
             out += _ttft_table(ttft_by_kind(records, runs[bound].records, block_size), bound)
         out.append("")

@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks._replay import RequestRecord
 from benchmarks._report import ConfigRun, write_json
+from benchmarks._server import MetricsSample
 from benchmarks._traces import run_requests, select_traces
 from benchmarks.misses import by_wait, kinds, main, ttft_by_kind
 
@@ -45,6 +46,22 @@ def test_returns_are_binned_by_the_wait_before_them() -> None:
     assert (mid.returns, mid.missed_returns, mid.missed_tokens) == (1, 0, 64)
     assert (long.returns, long.missed_returns, long.missed_tokens) == (1, 1, 640)
     assert long.after_ended_turn == 1 and short.after_ended_turn == 0
+    assert long.missed_after_idle == 0  # no gauge samples: nothing known
+
+
+def test_a_missed_return_after_an_idle_engine_is_counted() -> None:
+    def sample(t: float, running: float, waiting: float) -> MetricsSample:
+        values = {"vllm:num_requests_running": running, "vllm:num_requests_waiting": waiting}
+        return MetricsSample(t, values)
+
+    busy = [sample(t, 1.0, 0.0) for t in range(25)] + [sample(10.5, 0.0, 2.0)]
+    [long] = [b for b in by_wait(RUN, 64, {}, busy) if b.missed_returns]
+    assert long.missed_after_idle == 0  # queued work is not idle
+    idle_before = [sample(1.8, 0.0, 0.0), sample(22.5, 0.0, 0.0)]  # outside a's wait
+    [long] = [b for b in by_wait(RUN, 64, {}, busy + idle_before) if b.missed_returns]
+    assert long.missed_after_idle == 0
+    [long] = [b for b in by_wait(RUN, 64, {}, [*busy, sample(12.0, 0.0, 0.0)]) if b.missed_returns]
+    assert long.missed_after_idle == 1
 
 
 def test_ttft_by_kind_against_the_same_requests_in_the_bound() -> None:
