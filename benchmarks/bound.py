@@ -30,7 +30,7 @@ from typing import Any
 from server_ext.policy import BranchHints, BranchKey, PolicyConfig, RetentionPolicy
 
 from ._report import hinted_gap
-from ._traces import PrefixIndex, RequestKey, TokenMapper, run_requests
+from ._traces import PrefixIndex, RequestKey, TokenMapper, default_traces_dir, run_requests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,8 +133,10 @@ def _prompts_of(args: dict[str, Any], traces_dir: Path) -> dict[RequestKey, list
     mappers: dict[str, TokenMapper] = {}
     prompts: dict[RequestKey, list[int]] = {}
     for key, request in run_requests(args, traces_dir).items():
-        mapper = mappers.setdefault(key[0], TokenMapper(key[0], args["scale_k"]))
-        prompts[key] = mapper.prompt(request.hash_ids)
+        trace_id = key[0]
+        if trace_id not in mappers:
+            mappers[trace_id] = TokenMapper(trace_id, args["scale_k"])
+        prompts[key] = mappers[trace_id].prompt(request.hash_ids)
     return prompts
 
 
@@ -149,9 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.exit(f"error: no such file: {args.run}")
     payload = json.loads(args.run.read_text())
     header_args = payload["args"]
-    traces_dir = args.traces or Path(
-        header_args.get("traces") or REPO_ROOT.parent / "shared" / "traces"
-    )
+    traces_dir = args.traces or Path(header_args.get("traces") or default_traces_dir(REPO_ROOT))
     capacity = args.blocks or header_args["kv_blocks"]
     block_size = header_args["block_size"]
     prompts = _prompts_of(header_args, traces_dir)

@@ -49,6 +49,11 @@ def missed(record: RequestRecord) -> int:
     return max(record.theoretical_cached - (record.cached_tokens or 0), 0)
 
 
+def is_miss(record: RequestRecord, block_size: int) -> bool:
+    """More than one block of what an earlier prompt held was recomputed."""
+    return missed(record) > block_size
+
+
 @dataclass(slots=True)
 class WaitBin:
     """Returns after waits in ``[low_s, high_s)``."""
@@ -69,17 +74,16 @@ def by_wait(
     samples: Sequence[MetricsSample] = (),
     edges: Sequence[float] = WAIT_EDGES_S,
 ) -> list[WaitBin]:
-    """Returns binned by the wait before them. A return missed when more than
-    one block was recomputed; it followed an ended turn when its branch's
-    previous request did (``ends_turn``, by record key; absent = no); the
-    engine idled during the wait when one of ``samples`` in it shows no
-    request running or waiting."""
+    """Completed returns binned by the wait before them (a miss: ``is_miss``);
+    one followed an ended turn when its branch's previous request did
+    (``ends_turn``, by record key; absent = no); the engine idled during the
+    wait when one of ``samples`` in it shows no request running or waiting."""
     idle = sorted(s.t for s in samples if not s.values.get(_RUNNING) and not s.values.get(_WAITING))
     lows = (0.0, *edges)
     bins = [WaitBin(low, high) for low, high in zip(lows, (*edges, float("inf")), strict=True)]
-    for previous, record, wait_s in returns(records):
+    for previous, record, wait_s in returns(r for r in records if r.error is None):
         b = bins[sum(wait_s >= edge for edge in edges)]
-        lost = missed(record) > block_size
+        lost = is_miss(record, block_size)
         b.returns += 1
         b.missed_returns += lost
         b.missed_tokens += missed(record)
@@ -91,11 +95,11 @@ def by_wait(
 
 def kinds(records: Iterable[RequestRecord], block_size: int) -> dict[RequestKey, Kind]:
     """Each completed request's kind: a branch's first request, or a return
-    that hit or missed (more than one block recomputed)."""
+    that hit or missed (``is_miss``)."""
     done = [r for r in records if r.error is None]
     found: dict[RequestKey, Kind] = {_key(r): "first" for r in done}
     for _, record, _ in returns(done):
-        found[_key(record)] = "miss" if missed(record) > block_size else "hit"
+        found[_key(record)] = "miss" if is_miss(record, block_size) else "hit"
     return found
 
 
