@@ -20,7 +20,7 @@ Bodies without any hint-related bytes pass through untouched (no JSON round trip
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, overload
 
 from prometheus_client import Counter
 
@@ -205,7 +205,11 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-async def _read_body(receive: Receive, limit: int | None = None) -> Any:
+@overload
+async def _read_body(receive: Receive) -> bytes: ...
+@overload
+async def _read_body(receive: Receive, limit: int) -> bytes | None: ...
+async def _read_body(receive: Receive, limit: int | None = None) -> bytes | None:
     """The whole request body; None when it exceeds ``limit`` bytes."""
     chunks: list[bytes] = []
     size = 0
