@@ -322,8 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs: list[ConfigRun] = []
         for config in configs:
             runs.append(_run_config(config, plan, traces, args))
-            print(format_table([summarize(r) for r in runs]), flush=True)
             write_json(args.out, header, runs)  # partial results survive a later failure
+            if len(runs) < len(configs):  # the table so far; the last one follows below
+                print(format_table([summarize(r) for r in runs]), flush=True)
 
     summaries = [summarize(r) for r in runs]
     print()

@@ -155,8 +155,25 @@ def _wait_ready(server: LocalServer, process: subprocess.Popen[bytes], timeout: 
                 return
         except OSError:
             time.sleep(1.0)
-    tail = server.log_path.read_text(errors="replace")[-3000:]
-    raise ServerStartError(f"vLLM did not start on {server.root_url}:\n{tail}")
+    text = server.log_path.read_text(errors="replace")
+    why = _root_cause(text)
+    reason = f"{why}\n" if why else ""
+    raise ServerStartError(
+        f"vLLM did not start on {server.root_url}: {reason}(log: {server.log_path})\n{text[-3000:]}"
+    )
+
+
+_ERROR_LINE = re.compile(
+    r"^(?:\(\w+ pid=\d+\) )?(?:ERROR .*?\] )?(\w+(?:Error|Exception): .+)$", re.M
+)
+
+
+def _root_cause(log: str) -> str | None:
+    """The first exception line of a failed start (vLLM's engine process logs
+    the real cause; the API server's traceback at the end only says that it
+    failed)."""
+    match = _ERROR_LINE.search(log)
+    return match.group(1) if match else None
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
