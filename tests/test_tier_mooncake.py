@@ -90,3 +90,13 @@ def test_unreachable_master_at_startup_is_a_miss(
     assert tier.get("k") is None
     assert not tier.put("k", torch.ones(8, dtype=torch.uint8))
     assert time.monotonic() - start < 2.0
+
+
+def test_a_master_that_cannot_start_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in binary that rejects the master's flags and exits at once.
+    monkeypatch.setattr("server_ext.tier._master._binary", lambda: "/bin/sh")
+    with (
+        pytest.raises(MooncakeUnavailable, match=r"exited with 2[^\n]*\n.*Illegal option"),
+        local_mooncake_master(startup_timeout=10),
+    ):
+        pytest.fail("the stand-in started")

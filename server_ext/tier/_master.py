@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,23 +66,27 @@ def local_mooncake_master(startup_timeout: float = 20.0) -> Iterator[MooncakeMas
         "--rpc_address=127.0.0.1", f"--rpc_port={port}",
         "--metrics_host=127.0.0.1", f"--metrics_port={metrics}",
     ]  # fmt: skip
-    process = subprocess.Popen(
-        argv,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    master = MooncakeMaster(f"127.0.0.1:{port}", process)
-    try:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise MooncakeUnavailable("mooncake_master did not start") from None
-                time.sleep(0.1)
-        yield master
-    finally:
-        master.stop()
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        master = MooncakeMaster(f"127.0.0.1:{port}", process)
+        try:
+            deadline = time.monotonic() + startup_timeout
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        tail = log.read().decode(errors="replace")[-2000:]
+                        status = process.poll()
+                        how = "timed out" if status is None else f"exited with {status}"
+                        raise MooncakeUnavailable(
+                            f"mooncake_master did not start ({how}):\n{tail}"
+                        ) from None
+                    time.sleep(0.1)
+            yield master
+        finally:
+            master.stop()
