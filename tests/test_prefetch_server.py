@@ -4,7 +4,8 @@
 cannot keep a 1,024-token (16-block) session through a flood of unrelated
 prompts. With the hints saying the session is back in 3 s, the prefetcher
 re-prefills its prompt once the flood is over, before it returns; a session
-whose return is not due yet (gap 600 s) gets no warm-up and stays evicted.
+whose return is not due yet (gap 600 s) gets no warm-up and stays evicted. The
+same through the SDK: an agent's tool announced with its ETA.
 """
 
 from __future__ import annotations
@@ -15,8 +16,19 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import anyio
 import pytest
 
+from agentsdk import (
+    Agent,
+    HintedAsyncOpenAI,
+    InMemorySession,
+    LLMEndEvent,
+    ModelSettings,
+    Runner,
+    Usage,
+    tool,
+)
 from server_ext import LocalServer, local_server
 
 pytestmark = pytest.mark.server
@@ -102,3 +114,57 @@ def test_warmup_brings_an_evicted_session_back_before_it_returns(server: LocalSe
     # retention (the flood had released the first one).
     assert warm["agent_hints_returns_total"] == 1, warm
     assert cold["issued"] == 0 and cold["cached"] < PROMPT // 2, cold
+
+
+def test_an_sdk_tools_eta_brings_the_agents_kv_back_before_the_tool_returns(
+    server: LocalServer,
+) -> None:
+    """The co-design end to end: the SDK announces a 5 s tool (``tool_start`` with
+    its ETA); while it runs, a flood evicts the agent's context; the server warms
+    it again just before the predicted return, so the agent's next call is served
+    from the cache. (Retention alone may hold 9 of its ~25 blocks here; with an ETA
+    past the return, 60 s, no warm-up ran and the call got 0 cached tokens.)"""
+    rng = random.Random(3)
+    words = ("build", "test", "module", "file", "function", "class", "import", "value")
+    instructions = " ".join(rng.choice(words) for _ in range(640))  # ~1,200 tokens
+
+    @tool(strict=True, expected_seconds=5.0)
+    async def build() -> str:
+        """Build the project (takes a while)."""
+        started = time.monotonic()
+        with ThreadPoolExecutor(6) as pool:  # other traffic, all at once
+            await anyio.to_thread.run_sync(
+                lambda: list(pool.map(lambda i: complete(server, tokens(700 + i)), range(6)))
+            )
+        await anyio.sleep(max(started + 7.0 - time.monotonic(), 0.0))  # over its ETA
+        return "build ok"
+
+    agent = Agent(
+        name="builder",
+        instructions=instructions,
+        model=server.model,
+        tools=[build],
+        model_settings=ModelSettings(tool_choice=["build", "none"], max_tokens=128),
+    )
+    calls: list[Usage] = []
+
+    async def run() -> None:
+        client = HintedAsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        async with (
+            client,
+            Runner.run_streamed(
+                agent, "Build it.", client=client, session=InMemorySession("sdk-build")
+            ) as stream,
+        ):
+            async for event in stream:
+                if isinstance(event, LLMEndEvent):
+                    calls.append(Usage.from_completion(event.response.usage))
+
+    before = server.metrics()
+    anyio.run(run)
+    after = server.metrics()
+    completed = after.get(prefetches("completed"), 0) - before.get(prefetches("completed"), 0)
+    first, back = calls
+    assert first.input_tokens > 16 * 64 and first.cached_tokens == 0
+    assert completed >= 1
+    assert back.cached_tokens >= first.input_tokens - 64, (first, back)
