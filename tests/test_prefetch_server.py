@@ -18,17 +18,9 @@ from pathlib import Path
 
 import anyio
 import pytest
+from sdk_calls import run_recording
 
-from agentsdk import (
-    Agent,
-    HintedAsyncOpenAI,
-    InMemorySession,
-    LLMEndEvent,
-    ModelSettings,
-    Runner,
-    Usage,
-    tool,
-)
+from agentsdk import Agent, InMemorySession, ModelSettings, tool
 from server_ext import LocalServer, local_server
 
 pytestmark = pytest.mark.server
@@ -116,7 +108,8 @@ def test_warmup_brings_an_evicted_session_back_before_it_returns(server: LocalSe
     assert cold["issued"] == 0 and cold["cached"] < PROMPT // 2, cold
 
 
-def test_an_sdk_tools_eta_brings_the_agents_kv_back_before_the_tool_returns(
+@pytest.mark.anyio
+async def test_an_sdk_tools_eta_brings_the_agents_kv_back_before_the_tool_returns(
     server: LocalServer,
 ) -> None:
     """The co-design end to end: the SDK announces a 5 s tool (``tool_start`` with
@@ -146,25 +139,11 @@ def test_an_sdk_tools_eta_brings_the_agents_kv_back_before_the_tool_returns(
         tools=[build],
         model_settings=ModelSettings(tool_choice=["build", "none"], max_tokens=128),
     )
-    calls: list[Usage] = []
-
-    async def run() -> None:
-        client = HintedAsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-        async with (
-            client,
-            Runner.run_streamed(
-                agent, "Build it.", client=client, session=InMemorySession("sdk-build")
-            ) as stream,
-        ):
-            async for event in stream:
-                if isinstance(event, LLMEndEvent):
-                    calls.append(Usage.from_completion(event.response.usage))
-
     before = server.metrics()
-    anyio.run(run)
+    _, calls = await run_recording(agent, server, "Build it.", InMemorySession("sdk-build"))
     after = server.metrics()
     completed = after.get(prefetches("completed"), 0) - before.get(prefetches("completed"), 0)
-    first, back = calls
+    (_, first), (_, back) = calls
     assert first.input_tokens > 16 * 64 and first.cached_tokens == 0
     assert completed >= 1
     assert back.cached_tokens >= first.input_tokens - 64, (first, back)

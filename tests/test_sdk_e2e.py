@@ -12,20 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from sdk_calls import run_recording
 
 from agentsdk import (
     Agent,
-    HintedAsyncOpenAI,
     HintedOpenAI,
     InMemorySession,
-    LLMEndEvent,
     ModelSettings,
     RunContext,
     Runner,
-    RunResult,
-    Session,
     ToolCallOutputItem,
-    Usage,
     tool,
 )
 from server_ext import LocalServer
@@ -49,22 +45,6 @@ def run_tests() -> str:
     return "FAILED test_calc.py::test_add - assert -1 == 5"
 
 
-async def _run_recording(
-    agent: Agent, server: LocalServer, prompt: str, session: Session | None = None
-) -> tuple[RunResult, list[tuple[str, Usage]]]:
-    """Run streamed on a fresh hinted client, keeping each call's branch and usage."""
-    calls: list[tuple[str, Usage]] = []
-    client = HintedAsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-    async with (
-        client,
-        Runner.run_streamed(agent, prompt, client=client, session=session) as stream,
-    ):
-        async for event in stream:
-            if isinstance(event, LLMEndEvent):
-                calls.append((event.context.branch, Usage.from_completion(event.response.usage)))
-    return stream.result, calls
-
-
 async def test_multi_turn_loop_with_real_tool_calls(vllm_server: LocalServer) -> None:
     agent = Agent(
         name="coder",
@@ -77,7 +57,7 @@ async def test_multi_turn_loop_with_real_tool_calls(vllm_server: LocalServer) ->
     )
     session = InMemorySession("e2e-loop")
     before = vllm_server.metrics()
-    result, calls = await _run_recording(agent, vllm_server, "Fix it.", session=session)
+    result, calls = await run_recording(agent, vllm_server, "Fix it.", session=session)
     after = vllm_server.metrics()
     # The server saw the session: every model call carried hints, and the tool
     # lifecycle arrived as accepted control events.
@@ -119,7 +99,7 @@ async def test_forked_children_reuse_the_parent_prefix(vllm_server: LocalServer)
         tools=[delegate],
         model_settings=ModelSettings(tool_choice=["delegate", "none"], max_tokens=128),
     )
-    result, calls = await _run_recording(lead, vllm_server, "Review the change.")
+    result, calls = await run_recording(lead, vllm_server, "Review the change.")
     branches = [branch for branch, _ in calls]
     assert branches[0] == "root" and branches[-1] == "root"
     assert sorted(branches[1:-1]) == ["root/reviewer-1", "root/tester-1"]
