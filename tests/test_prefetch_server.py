@@ -18,10 +18,11 @@ from pathlib import Path
 
 import anyio
 import pytest
-from sdk_calls import run_recording
 
 from agentsdk import Agent, InMemorySession, ModelSettings, tool
 from server_ext import LocalServer, local_server
+
+from sdk_calls import run_recording
 
 pytestmark = pytest.mark.server
 

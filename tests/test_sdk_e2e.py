@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from sdk_calls import run_recording
 
 from agentsdk import (
     Agent,
@@ -25,6 +24,8 @@ from agentsdk import (
     tool,
 )
 from server_ext import LocalServer
+
+from sdk_calls import run_recording
 
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
