@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 __all__ = ["MooncakeMaster", "MooncakeUnavailable", "local_mooncake_master"]
 
@@ -72,21 +73,27 @@ def local_mooncake_master(startup_timeout: float = 20.0) -> Iterator[MooncakeMas
         )
         master = MooncakeMaster(f"127.0.0.1:{port}", process)
         try:
-            deadline = time.monotonic() + startup_timeout
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if process.poll() is not None or time.monotonic() > deadline:
-                        log.seek(0)
-                        tail = log.read().decode(errors="replace")[-2000:]
-                        status = process.poll()
-                        how = "timed out" if status is None else f"exited with {status}"
-                        raise MooncakeUnavailable(
-                            f"mooncake_master did not start ({how}):\n{tail}"
-                        ) from None
-                    time.sleep(0.1)
+            _wait_listening(process, port, time.monotonic() + startup_timeout, log)
             yield master
         finally:
             master.stop()
+
+
+def _wait_listening(
+    process: subprocess.Popen[bytes], port: int, deadline: float, log: IO[bytes]
+) -> None:
+    """Return once the master accepts connections on ``port``; raise
+    ``MooncakeUnavailable`` with its output if it exits or ``deadline`` passes."""
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+        log.seek(0)
+        tail = log.read().decode(errors="replace")[-2000:]
+        status = process.poll()
+        how = "timed out" if status is None else f"exited with {status}"
+        raise MooncakeUnavailable(f"mooncake_master did not start ({how}):\n{tail}")
