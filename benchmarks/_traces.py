@@ -256,13 +256,12 @@ def run_requests(args: Mapping[str, Any], directory: Path) -> dict[RequestKey, T
         n_traces=args["n_traces"],
         max_requests=args.get("max_requests_per_trace"),
     )
-    requests: dict[RequestKey, TraceRequest] = {}
-    for trace in traces:
-        seq: dict[str, int] = {}
-        for branch, request in trace.ordered():
-            n = seq[branch] = seq.get(branch, -1) + 1
-            requests[(trace.trace_id, branch, n)] = request
-    return requests
+    return {
+        (trace.trace_id, branch, n): request
+        for trace in traces
+        for branch, requests in trace.branches()
+        for n, request in enumerate(requests)
+    }
 
 
 class TokenMapper:
