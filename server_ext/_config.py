@@ -42,7 +42,7 @@ class ExtensionConfig:
         salt_per_tenant: Set ``cache_salt`` to the tenant so that tenants never share
             prefix-cache entries (closes the cross-tenant timing side channel).
         prefetch: Re-prefill an idle branch's last prompt (a 1-token warm-up) while
-            the engine is idle, just before the branch is expected back.
+            no real request prefills, just before the branch is expected back.
         max_defer_s: Warm-first admission: a hinted request with a long uncached
             prefill may wait up to this long while cheaper hinted requests go
             first (0 turns it off: first come, first served).

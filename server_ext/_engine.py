@@ -49,6 +49,7 @@ __all__ = [
     "BlockPort",
     "EngineRetention",
     "HintedParams",
+    "Progress",
     "control_params",
     "hint_params",
     "read_hint_params",
@@ -143,6 +144,31 @@ class BlockPort(Protocol):
     def free_blocks(self) -> int: ...
 
 
+class Progress(Protocol):
+    """How far a request's prefill has come (vLLM's ``Request`` is one)."""
+
+    @property
+    def num_computed_tokens(self) -> int: ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+
+class _Unknown:
+    """The progress of a request registered without one: its prefill never
+    counts as done, so warm-ups wait until it finishes."""
+
+    num_computed_tokens = 0
+    num_prompt_tokens = 1
+
+
+_UNKNOWN = _Unknown()
+
+
+def _prefilling(progress: Progress) -> bool:
+    return progress.num_computed_tokens < progress.num_prompt_tokens
+
+
 def _control_event(raw: Mapping[str, Any]) -> ControlEvent | None:
     kind = raw.get("type")
     if kind == "tool_start":
@@ -196,8 +222,8 @@ class EngineRetention:
         # Requests seen by ``request_added`` whose branch may be retained.
         self._keys: dict[str, _Tracked] = {}
         # Requests from arrival to finish, hinted or not, but for warm-ups and
-        # control messages; and the warm-ups among ``_keys``.
-        self._real: set[str] = set()
+        # control messages, with their progress; and the warm-ups among ``_keys``.
+        self._real: dict[str, Progress] = {}
         self._warmups: set[str] = set()
         self.faults = 0
 
@@ -212,15 +238,20 @@ class EngineRetention:
 
     @_contained(False)
     def request_added(
-        self, request_id: str, params: Mapping[str, Any] | None, prompt_blocks: int = 0
+        self,
+        request_id: str,
+        params: Mapping[str, Any] | None,
+        prompt_blocks: int = 0,
+        progress: Progress = _UNKNOWN,
     ) -> bool:
-        """Register a request of ``prompt_blocks`` full blocks; False when it
-        carries no usable hint (warm-ups still give way to it)."""
+        """Register a request of ``prompt_blocks`` full blocks whose prefill
+        advances in ``progress``; False when it carries no usable hint
+        (warm-ups still give way to its prefill)."""
         if params is not None and CONTROL_KEY in params:
             return False
         read = read_hint_params(params)
         if read is None:
-            self._real.add(request_id)
+            self._real[request_id] = progress
             return False
         hints = read.hints
         key = BranchKey(read.tenant, hints["sid"], hints.get("br") or ROOT)
@@ -235,7 +266,7 @@ class EngineRetention:
         if read.prefetch:
             self._warmups.add(request_id)
         else:
-            self._real.add(request_id)
+            self._real[request_id] = progress
             self.policy.on_request_arrived(key)
             if self._gate is not None:
                 held = self.policy.retention(key)
@@ -248,9 +279,9 @@ class EngineRetention:
         """Should the scheduler pass over ``request_id`` (which would compute
         ``uncached_blocks``) this step, for a cheaper hinted request?
 
-        A warm-up runs only when the engine would otherwise idle: it waits
-        while a real request (hinted or not, from any API server) runs or
-        waits, and when it does not fit without the blocks of a branch due
+        A warm-up runs only beside decodes: it waits while a real request
+        (hinted or not, from any API server) waits or prefills, and when it
+        does not fit without the blocks of a branch due
         back before its own. (vLLM stops admitting for the step at the first
         request that cannot get blocks, so a warm-up left in the queue unable
         to allocate would hold up every real request behind it.)
@@ -271,7 +302,7 @@ class EngineRetention:
         return self._gate.defer(request_id, uncached_blocks, now, return_due)
 
     def _warmup_waits(self, key: BranchKey, uncached_blocks: int, now: float) -> bool:
-        if self._real:
+        if any(_prefilling(p) for p in self._real.values()):
             return True
         short = uncached_blocks - self._pool.free_blocks()
         if short <= 0:
@@ -295,7 +326,7 @@ class EngineRetention:
         """Before vLLM frees the request's blocks: retain them per the hints."""
         if self._gate is not None:
             self._gate.left(request_id)
-        self._real.discard(request_id)
+        self._real.pop(request_id, None)
         self._warmups.discard(request_id)
         entry = self._keys.pop(request_id, None)
         if entry is None or entry.obsolete:

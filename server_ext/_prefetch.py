@@ -1,13 +1,15 @@
 """API-server prefetch: re-prefill an idle branch's last prompt just before it returns.
 
 Retention cannot hold every idle branch when memory is short. The hints say when
-each branch will be back, and the engine is often idle during tool gaps, so the
-``Prefetcher`` replays a branch's last hinted request as a 1-token warm-up at
-(expected return - lead time): the prompt's KV is then back in the prefix cache,
-and retained again by the engine, when the real request arrives. Warm-ups are
-low priority: one at a time, and only while no real request is in flight (the
-engine, which sees every API server's traffic, holds one back too). A warm-up
-is cancelled when its branch returns or ends first.
+each branch will be back, and the engine often has compute to spare during tool
+gaps (idle, or only decoding), so the ``Prefetcher`` replays a branch's last
+hinted request as a 1-token warm-up at (expected return - lead time): the
+prompt's KV is then back in the prefix cache, and retained again by the engine,
+when the real request arrives. Warm-ups are low priority: one at a time, and
+only while no real request awaits its first response bytes, so they run beside
+decodes, never beside a prefill (the engine, which sees every API server's
+traffic, holds one back while any real request waits or prefills too). A
+warm-up is cancelled when its branch returns or ends first.
 
 No vLLM import: it drives the downstream ASGI app, so tests run it against a
 fake app.
@@ -85,8 +87,9 @@ class Prefetcher:
     """Plans and issues warm-ups; the middleware routes every POST through ``serve``.
 
     Invariants: at most one warm-up runs at a time (``step`` awaits it), and a
-    warm-up starts only when no real request is in flight (a real request that
-    arrives meanwhile is served concurrently, never queued behind it); a
+    warm-up starts only when no real request awaits its first response bytes
+    (a real request that arrives meanwhile is served concurrently, never
+    queued behind it in the API server); a
     warm-up whose branch returns or ends is cancelled (its engine request
     aborted); remembered requests are bounded by count and bytes (least
     recently used dropped first).
@@ -122,14 +125,14 @@ class Prefetcher:
         self._last: OrderedDict[BranchKey, _LastRequest] = OrderedDict()
         self._bytes = 0
         self._ready: dict[BranchKey, None] = {}
-        self._in_flight = 0
+        self._prefilling = 0
         self._warming: tuple[BranchKey, asyncio.Task[None]] | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
-    def in_flight(self) -> int:
-        """Real requests being served now."""
-        return self._in_flight
+    def prefilling(self) -> int:
+        """Real requests being served that have sent no response body yet."""
+        return self._prefilling
 
     # -- real traffic
 
@@ -151,20 +154,29 @@ class Prefetcher:
             self._cancel_warmup(lambda key: key == branch.key)
         status = 0
         tokens = len(body) // 4  # rough, until the response reports its usage
+        prefilled = False
+
+        def first_bytes() -> None:
+            nonlocal prefilled
+            if not prefilled:
+                prefilled = True
+                self._prefilling -= 1
 
         async def watch(message: Message) -> None:
             nonlocal status, tokens
             if message["type"] == "http.response.start":
                 status = message["status"]
-            elif branch is not None and message["type"] == "http.response.body":
-                tokens = _prompt_tokens(message.get("body", b""), tokens)
+            elif message["type"] == "http.response.body":
+                first_bytes()
+                if branch is not None:
+                    tokens = _prompt_tokens(message.get("body", b""), tokens)
             await send(message)
 
-        self._in_flight += 1
+        self._prefilling += 1
         try:
             await self.app(scope, receive, watch)
         finally:
-            self._in_flight -= 1
+            first_bytes()
         if branch is None or not 200 <= status < 300:
             return
         if branch.end:
@@ -195,7 +207,8 @@ class Prefetcher:
     # -- warm-ups
 
     async def step(self) -> None:
-        """One planner poll: collect due branches, warm the most urgent if idle."""
+        """One planner poll: collect due branches, warm the most urgent unless a
+        real request prefills."""
         now = self._clock()
         for key in self.planner.due(now):
             self._ready[key] = None
@@ -212,7 +225,7 @@ class Prefetcher:
                 ranked.append((plan.expected_return, key))
         ranked.sort(key=lambda r: r[0])
         self._ready = {key: None for _, key in ranked}
-        if ranked and self._in_flight == 0:
+        if ranked and self._prefilling == 0:
             key = ranked[0][1]
             del self._ready[key]
             await self._warm(key)

@@ -15,7 +15,8 @@ here:
   (logical per-layer shape ``[2, blocks, heads, tokens, dim]``), ``start_load_kv``
   (sync loads run before the forward), ``wait_for_save`` (after it),
   ``get_block_ids_with_load_errors``, ``build_connector_worker_meta``;
-- ``Request.block_hashes`` / ``num_tokens`` / ``num_computed_tokens``,
+- ``Request.block_hashes`` / ``num_tokens`` / ``num_computed_tokens`` /
+  ``num_prompt_tokens`` (a request still prefills: warm-ups wait),
   ``KVCacheManager.get_block_ids`` and ``SchedulerOutput.num_scheduled_tokens``;
 - ``BlockPool.touch`` / ``free_blocks`` and ``KVCacheBlock.block_hash``;
 - ``KVCacheManager.allocate_slots`` and ``reset_prefix_cache``, wrapped on the
@@ -409,9 +410,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
 
     def on_new_request(self, request: Request) -> None:
         if self._retention is not None:
-            self._retention.request_added(
-                request.request_id, request.kv_transfer_params, len(request.block_hashes)
-            )
+            params, blocks = request.kv_transfer_params, len(request.block_hashes)
+            self._retention.request_added(request.request_id, params, blocks, request)
         if self._planner is not None:
             identity = _tier_identity(request.kv_transfer_params, self._config.ttl_cap_s)
             if identity is not None:

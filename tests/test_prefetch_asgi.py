@@ -30,13 +30,16 @@ class Clock:
 
 
 class Downstream:
-    """Records every request; real requests can be held open with ``gate``,
-    warm-ups with ``warm_gate``; counts requests cancelled while held."""
+    """Records every request; real requests can be held open with ``gate``
+    (before any response) and ``tail_gate`` (after the first body chunk, as
+    while a stream decodes), warm-ups with ``warm_gate``; counts requests
+    cancelled while held."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, Any], dict[bytes, bytes]]] = []
         self.gate: asyncio.Event | None = None
         self.warm_gate: asyncio.Event | None = None
+        self.tail_gate: asyncio.Event | None = None
         self.aborted = 0
 
     async def __call__(
@@ -61,6 +64,9 @@ class Downstream:
                 self.aborted += 1
                 raise
         await send({"type": "http.response.start", "status": 200, "headers": []})
+        if self.tail_gate is not None and not warmup:
+            await send({"type": "http.response.body", "body": b"", "more_body": True})
+            await self.tail_gate.wait()
         await send({"type": "http.response.body", "body": b'{"usage":{"prompt_tokens":300}}'})
 
     @property
@@ -189,21 +195,25 @@ def test_output_limit_field_per_endpoint(path: str, extra: dict[str, object], fi
     run(scenario)
 
 
-def test_no_warmup_while_a_real_request_is_in_flight() -> None:
+def test_no_warmup_while_a_real_request_prefills_but_beside_its_decode() -> None:
     async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
         await request(p, lowered(), BRANCH)
-        app.gate = asyncio.Event()
+        app.gate, app.tail_gate = asyncio.Event(), asyncio.Event()
         other = asyncio.create_task(request(p, lowered(), None))  # unhinted, still work
         await asyncio.sleep(0)
-        assert p.in_flight == 1
+        assert p.prefilling == 1
         clock.now = 9.5
         await p.step()
         await p.step()
         assert app.warmups == []
-        app.gate.set()
-        await other
+        app.gate.set()  # its first bytes: it decodes now
+        await asyncio.sleep(0)
+        assert p.prefilling == 0
         await p.step()
         assert len(app.warmups) == 1
+        app.tail_gate.set()
+        await other
+        assert p.prefilling == 0
 
     run(scenario)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pytest
 
@@ -169,24 +170,45 @@ def test_a_warmup_waits_rather_than_take_a_sooner_branchs_blocks() -> None:
     assert not e.defers("w1", 6)
 
 
-def test_a_warmup_waits_while_a_real_request_runs_or_waits() -> None:
+@dataclass
+class Progress:
+    num_prompt_tokens: int
+    num_computed_tokens: int = 0
+
+
+def test_a_warmup_waits_while_a_real_request_waits_or_prefills() -> None:
     e, pool, _ = engine(WarmFirstGate())
     pool.free = 100
     run(e, "r1", [1, 2, 3])
     e.make_room(3)
     assert e.request_added("w1", params(prefetch=True))
     assert not e.defers("w1", 3)
-    assert e.request_added("x1", other_params("x", 5.0))  # a real request queues
+    real = Progress(num_prompt_tokens=256)
+    assert e.request_added("x1", other_params("x", 5.0), 4, real)  # a real request queues
     assert e.defers("w1", 3)
     e.request_scheduled("x1")
-    assert e.defers("w1", 3)  # ... and runs
+    real.num_computed_tokens = 128
+    assert e.defers("w1", 3)  # ... and prefills
+    real.num_computed_tokens = 257
+    assert not e.defers("w1", 3)  # ... and decodes: the warm-up runs beside it
     e.request_finished("x1", [9])
-    assert not e.request_added("u1", None)  # unhinted traffic counts too
+    assert not e.request_added("u1", None, 2, Progress(128))  # unhinted traffic counts too
     assert e.defers("w1", 3)
     e.request_finished("u1", [])
     assert not e.request_added("c1", control_params("t", "s", []))  # not traffic
     assert not e.defers("w1", 3)
     assert e.deferrals == 0  # the metric counts real requests held back only
+
+
+def test_a_request_of_unknown_progress_holds_warmups_until_it_finishes() -> None:
+    e, pool, _ = engine()
+    pool.free = 100
+    assert e.request_added("w1", params(prefetch=True))
+    assert not e.request_added("u1", None)
+    e.request_scheduled("u1")
+    assert e.defers("w1", 3)
+    e.request_finished("u1", [])
+    assert not e.defers("w1", 3)
 
 
 def test_a_warmup_whose_branch_came_back_retains_nothing() -> None:

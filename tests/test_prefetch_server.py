@@ -4,8 +4,9 @@
 cannot keep a 1,024-token (16-block) session through a flood of unrelated
 prompts. With the hints saying the session is back in 3 s, the prefetcher
 re-prefills its prompt once the flood is over, before it returns; a session
-whose return is not due yet (gap 600 s) gets no warm-up and stays evicted. The
-same through the SDK: an agent's tool announced with its ETA.
+whose return is not due yet (gap 600 s) gets no warm-up and stays evicted. A
+warm-up also runs beside another request's decode. The same through the SDK: an
+agent's tool announced with its ETA.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 
 from agentsdk import Agent, InMemorySession, ModelSettings, tool
@@ -107,6 +109,35 @@ def test_warmup_brings_an_evicted_session_back_before_it_returns(server: LocalSe
     # retention (the flood had released the first one).
     assert warm["agent_hints_returns_total"] == 1, warm
     assert cold["issued"] == 0 and cold["cached"] < PROMPT // 2, cold
+
+
+def test_a_warmup_runs_beside_another_requests_decode(server: LocalServer) -> None:
+    """Warm-ups give way to prefills, not to decodes: while an unrelated stream
+    decodes from before the session's warm-up is due until after it returns,
+    the warm-up still runs, and the return finds the session cached."""
+    before = server.metrics()
+    session, hints = tokens(4), 'v=1, sid="beside-decode", gap=3'
+    assert complete(server, session, hints) == 0
+    departed = time.monotonic()
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda i: complete(server, tokens(400 + i)), range(6)))
+    completed = prefetches("completed")
+    body = {"model": server.model, "prompt": tokens(5, 32), "max_tokens": 1500,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    with httpx.stream("POST", server.base_url + "/completions", json=body, timeout=60) as stream:
+        chunks = (line for line in stream.iter_lines() if line)  # SSE events
+        next(chunks)  # its first token: it decodes from here on
+        while server.metrics().get(completed, 0) == before.get(completed, 0):
+            assert time.monotonic() < departed + 20.0, "no warm-up beside the decode"
+            time.sleep(0.2)
+        cached = complete(server, session + tokens(6, 64), hints)
+        decoding = next(chunks, "")  # the stream still runs: the warm-up was beside it
+    status, _ = server.post_json(
+        "/v1/agent-hints/events", {"v": 1, "sid": "beside-decode", "events": [{"type": "end"}]}
+    )
+    assert status == 200
+    assert decoding.startswith("data: {"), decoding
+    assert cached >= PROMPT - 64
 
 
 @pytest.mark.anyio
