@@ -279,12 +279,13 @@ class EngineRetention:
         """Should the scheduler pass over ``request_id`` (which would compute
         ``uncached_blocks``) this step, for a cheaper hinted request?
 
-        A warm-up runs only beside decodes: it waits while a real request
-        (hinted or not, from any API server) waits or prefills, and when it
-        does not fit without the blocks of a branch due
-        back before its own. (vLLM stops admitting for the step at the first
-        request that cannot get blocks, so a warm-up left in the queue unable
-        to allocate would hold up every real request behind it.)
+        A warm-up never runs beside a real prefill, only on an idle engine or
+        beside decodes: it waits while a real request (hinted or not, from any
+        API server) waits or prefills, and when it does not fit without the
+        blocks of a branch due back before its own. (vLLM stops admitting for
+        the step at the first request that cannot get blocks, so a warm-up
+        left in the queue unable to allocate would hold up every real request
+        behind it.)
         """
         entry = self._keys.get(request_id)
         if entry is None:
