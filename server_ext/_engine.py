@@ -225,6 +225,8 @@ class EngineRetention:
         # control messages, with their progress; and the warm-ups among ``_keys``.
         self._real: dict[str, Progress] = {}
         self._warmups: set[str] = set()
+        # The requests among ``_real`` that the scheduler admitted.
+        self._running: set[str] = set()
         self.faults = 0
 
     @property
@@ -279,6 +281,11 @@ class EngineRetention:
         """Should the scheduler pass over ``request_id`` (which would compute
         ``uncached_blocks``) this step, for a cheaper hinted request?
 
+        A hinted request waits for a due branch only while a real request
+        runs: an idle engine gains nothing by waiting, it would only delay the
+        request (work-conserving; on a fast engine the hold cost more TTFT
+        than the recompute it saved).
+
         A warm-up never runs beside a real prefill, only on an idle engine or
         beside decodes: it waits while a real request (hinted or not, from any
         API server) waits or prefills, and when it does not fit without the
@@ -298,7 +305,7 @@ class EngineRetention:
         lookahead = self._gate.config.lookahead_s
 
         def return_due() -> bool:
-            return self.policy.return_due(now, lookahead, entry.key)
+            return bool(self._running) and self.policy.return_due(now, lookahead, entry.key)
 
         return self._gate.defer(request_id, uncached_blocks, now, return_due)
 
@@ -317,6 +324,8 @@ class EngineRetention:
         (a warm-up of it still running is obsolete: it is not retained)."""
         if self._gate is not None:
             self._gate.left(request_id)
+        if request_id in self._real:
+            self._running.add(request_id)
         entry = self._keys.get(request_id)
         if entry is not None and not entry.prefetch:
             self._obsolete_warmups(entry.key, session=False)
@@ -328,6 +337,7 @@ class EngineRetention:
         if self._gate is not None:
             self._gate.left(request_id)
         self._real.pop(request_id, None)
+        self._running.discard(request_id)
         self._warmups.discard(request_id)
         entry = self._keys.pop(request_id, None)
         if entry is None or entry.obsolete:

@@ -130,7 +130,23 @@ def test_the_policy_says_when_a_retained_branch_is_due() -> None:
     assert not p.return_due(expected, 1.0, other_than=me)  # arrived: a real waiting request
 
 
-def test_a_cold_prefill_waits_for_a_due_branch_even_with_room_to_spare() -> None:
+def test_a_cold_prefill_waits_for_a_due_branch_while_the_engine_is_busy() -> None:
+    now = [0.0]
+    policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), lambda: now[0])
+    engine = EngineRetention(policy, _Pool(free=90), gate(), clock=lambda: now[0])
+    assert engine.request_added("w1", hint_params("t", AgentHints(sid="warm", gap=1.0)), 10)
+    engine.request_scheduled("w1")
+    engine.request_finished("w1", list(range(10)))
+    assert not engine.request_added("busy", None)  # another request runs
+    engine.request_scheduled("busy")
+    assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
+    now[0] = policy.retention(BranchKey("t", "warm")).expected_return  # type: ignore[union-attr]
+    assert engine.defers("c1", 30)
+    now[0] += 5.0  # the branch did not come back when predicted
+    assert not engine.defers("c1", 30)
+
+
+def test_an_idle_engine_never_waits_for_a_due_branch() -> None:
     now = [0.0]
     policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), lambda: now[0])
     engine = EngineRetention(policy, _Pool(free=90), gate(), clock=lambda: now[0])
@@ -138,9 +154,12 @@ def test_a_cold_prefill_waits_for_a_due_branch_even_with_room_to_spare() -> None
     engine.request_scheduled("w1")
     engine.request_finished("w1", list(range(10)))
     assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
+    assert not engine.request_added("queued", None)  # waiting, not running: still idle
     now[0] = policy.retention(BranchKey("t", "warm")).expected_return  # type: ignore[union-attr]
+    assert not engine.defers("c1", 30)  # nothing runs: waiting would only idle the engine
+    engine.request_scheduled("queued")
     assert engine.defers("c1", 30)
-    now[0] += 5.0  # the branch did not come back when predicted
+    engine.request_finished("queued", [])
     assert not engine.defers("c1", 30)
 
 

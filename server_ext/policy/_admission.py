@@ -44,7 +44,9 @@ class WarmFirstGate:
     when it would fit beside the due branch: a long prefill occupies the
     engine for seconds, so the due request would wait behind it and more
     branches fall due meanwhile. Deferring only on a capacity shortfall
-    measured 60% reuse instead of 74% on the trace benchmark.)
+    measured 60% reuse instead of 74% on the trace benchmark.) The engine asks
+    ``warm_return_due`` only while a real request runs: on an idle engine a
+    hold saves nothing and only delays.
 
     Pure and synchronous, driven by the adapter's scheduler events and an
     explicit ``now``. Invariants:
