@@ -130,32 +130,36 @@ def test_the_policy_says_when_a_retained_branch_is_due() -> None:
     assert not p.return_due(expected, 1.0, other_than=me)  # arrived: a real waiting request
 
 
-def test_a_cold_prefill_waits_for_a_due_branch_while_the_engine_is_busy() -> None:
+def engine_with_a_retained_branch() -> tuple[EngineRetention, list[float], float]:
+    """An engine with 90 free blocks and branch "warm" retained; the mutable
+    clock; and when that branch is due back."""
     now = [0.0]
     policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), lambda: now[0])
     engine = EngineRetention(policy, _Pool(free=90), gate(), clock=lambda: now[0])
     assert engine.request_added("w1", hint_params("t", AgentHints(sid="warm", gap=1.0)), 10)
     engine.request_scheduled("w1")
     engine.request_finished("w1", list(range(10)))
+    retained = policy.retention(BranchKey("t", "warm"))
+    assert retained is not None
+    return engine, now, retained.expected_return
+
+
+def test_a_cold_prefill_waits_for_a_due_branch_while_the_engine_is_busy() -> None:
+    engine, now, due = engine_with_a_retained_branch()
     assert not engine.request_added("busy", None)  # another request runs
     engine.request_scheduled("busy")
     assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
-    now[0] = policy.retention(BranchKey("t", "warm")).expected_return  # type: ignore[union-attr]
+    now[0] = due
     assert engine.defers("c1", 30)
     now[0] += 5.0  # the branch did not come back when predicted
     assert not engine.defers("c1", 30)
 
 
 def test_an_idle_engine_never_waits_for_a_due_branch() -> None:
-    now = [0.0]
-    policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), lambda: now[0])
-    engine = EngineRetention(policy, _Pool(free=90), gate(), clock=lambda: now[0])
-    assert engine.request_added("w1", hint_params("t", AgentHints(sid="warm", gap=1.0)), 10)
-    engine.request_scheduled("w1")
-    engine.request_finished("w1", list(range(10)))
+    engine, now, due = engine_with_a_retained_branch()
     assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
     assert not engine.request_added("queued", None)  # waiting, not running: still idle
-    now[0] = policy.retention(BranchKey("t", "warm")).expected_return  # type: ignore[union-attr]
+    now[0] = due
     assert not engine.defers("c1", 30)  # nothing runs: waiting would only idle the engine
     engine.request_scheduled("queued")
     assert engine.defers("c1", 30)
