@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from hints_spec import HintError, parse_header
@@ -145,6 +146,26 @@ def test_end_releases_and_nothing_leaks(ext_server: LocalServer) -> None:
             end_session(ext_server, sid)
     assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
     assert metric(ext_server, "agent_hints_retained_branches") == 0
+
+
+def test_a_killed_client_loses_nothing_and_leaks_nothing(ext_server: LocalServer) -> None:
+    """A client that dies mid-stream aborts its request: the session's prompt,
+    already computed, is retained like a finished one's (its next turn, after a
+    flood, still finds it), and the session's end releases every block."""
+    generated = metric(ext_server, "vllm:generation_tokens_total")
+    session, hints = tokens(90), 'v=1, sid="killed", gap=30'
+    body = {"model": ext_server.model, "prompt": session, "max_tokens": 1000,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    with httpx.stream(
+        "POST", ext_server.base_url + "/completions", json=body, headers={"Agent-Hints": hints}
+    ) as stream:
+        next(line for line in stream.iter_lines() if line)  # decoding; now the client dies
+    assert wait_metric(ext_server, "vllm:num_requests_running", 0) == 0
+    assert metric(ext_server, "vllm:generation_tokens_total") - generated < 1000  # cut short
+    flood(ext_server, seed=91)
+    assert complete(ext_server, session + tokens(92, 64), hints) >= PROMPT - 64
+    end_session(ext_server, "killed")
+    assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
 
 
 def test_fork_children_reuse_parent_prefix_after_pressure(ext_server: LocalServer) -> None:
