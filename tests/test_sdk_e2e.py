@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agentsdk import (
     Agent,
+    ControlChannel,
+    HintedAsyncOpenAI,
     HintedOpenAI,
     InMemorySession,
     ModelSettings,
@@ -23,7 +26,7 @@ from agentsdk import (
     ToolCallOutputItem,
     tool,
 )
-from server_ext import LocalServer
+from server_ext import LocalServer, local_server
 
 from sdk_calls import run_recording
 
@@ -46,16 +49,34 @@ def run_tests() -> str:
     return "FAILED test_calc.py::test_add - assert -1 == 5"
 
 
-async def test_multi_turn_loop_with_real_tool_calls(vllm_server: LocalServer) -> None:
-    agent = Agent(
+def coder(server: LocalServer, *tool_choice: str) -> Agent:
+    """An agent that calls ``tool_choice``'s tools in that order, then answers."""
+    return Agent(
         name="coder",
         instructions=INSTRUCTIONS,
-        model=vllm_server.model,
+        model=server.model,
         tools=[list_dir, run_tests],
-        model_settings=ModelSettings(
-            tool_choice=["list_dir", "run_tests", "list_dir", "none"], max_tokens=128
-        ),
+        model_settings=ModelSettings(tool_choice=[*tool_choice, "none"], max_tokens=128),
     )
+
+
+@pytest.fixture(scope="module")
+def plain_vllm(
+    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
+    """vLLM as shipped, no extension: where a swapped client may well point."""
+    with local_server(
+        test_model_dir,
+        extension=False,
+        kv_blocks=128,
+        max_model_len=4096,
+        log_dir=tmp_path_factory.mktemp("plain-logs"),
+    ) as server:
+        yield server
+
+
+async def test_multi_turn_loop_with_real_tool_calls(vllm_server: LocalServer) -> None:
+    agent = coder(vllm_server, "list_dir", "run_tests", "list_dir")
     session = InMemorySession("e2e-loop")
     before = vllm_server.metrics()
     result, calls = await run_recording(agent, vllm_server, "Fix it.", session=session)
@@ -113,16 +134,27 @@ async def test_forked_children_reuse_the_parent_prefix(vllm_server: LocalServer)
 
 
 def test_sync_client_in_a_worker_thread(vllm_server: LocalServer) -> None:
-    agent = Agent(
-        name="sync",
-        instructions=INSTRUCTIONS,
-        model=vllm_server.model,
-        tools=[run_tests],
-        model_settings=ModelSettings(tool_choice=["run_tests", "none"], max_tokens=128),
-    )
+    agent = coder(vllm_server, "run_tests")
     client = HintedOpenAI(base_url=vllm_server.base_url, api_key="unused", max_retries=0)
     result = Runner.run_sync(agent, "Run the tests.", client=client)
     assert result.usage.requests == 2
+    assert result.usage.cached_tokens > 0
+
+
+async def test_a_hinted_agent_runs_unchanged_on_plain_vllm(plain_vllm: LocalServer) -> None:
+    """Without the extension the hints cost nothing: vLLM ignores the header, the
+    control endpoint's 404 turns the channel off for that client, and vLLM's own
+    prefix cache still serves the later turns."""
+    client = HintedAsyncOpenAI(base_url=plain_vllm.base_url, api_key="unused", max_retries=0)
+    async with client:
+        result = await Runner.run(coder(plain_vllm, "list_dir", "run_tests"), "Fix.", client=client)
+        assert not ControlChannel(client).enabled
+    outputs = [i for i in result.new_items if isinstance(i, ToolCallOutputItem)]
+    assert [(o.call.name, o.is_error) for o in outputs] == [
+        ("list_dir", False),
+        ("run_tests", False),
+    ]
+    assert result.usage.requests == 3
     assert result.usage.cached_tokens > 0
 
 
