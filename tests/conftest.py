@@ -1,8 +1,9 @@
 """Shared fixtures: the generated test model and real vLLM CPU servers on 127.0.0.1.
 
-Servers are expensive here (~30 s to start on 2 cores), so the extension server is
-shared by the whole session; tests that need another configuration start their own
-with ``server_ext.local_server`` and stop it in the same fixture.
+Servers are expensive here (~30 s to start on 2 cores), so the extension server and
+a plain vLLM server are shared by the whole session; tests that need another
+configuration start their own with ``server_ext.local_server`` and stop it in the
+same fixture.
 """
 
 from __future__ import annotations
@@ -35,6 +36,21 @@ def vllm_server(
         kv_blocks=128,
         max_model_len=4096,
         log_dir=tmp_path_factory.mktemp("vllm-logs"),
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def plain_vllm_server(
+    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
+    """vLLM as shipped, no extension: 48 blocks of 64 tokens (a small flood evicts)."""
+    with local_server(
+        test_model_dir,
+        extension=False,
+        kv_blocks=48,
+        max_model_len=2048,
+        log_dir=tmp_path_factory.mktemp("plain-logs"),
     ) as server:
         yield server
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from agentsdk import (
     ToolCallOutputItem,
     tool,
 )
-from server_ext import LocalServer, local_server
+from server_ext import LocalServer
 
 from sdk_calls import run_recording
 
@@ -58,21 +57,6 @@ def coder(server: LocalServer, *tool_choice: str) -> Agent:
         tools=[list_dir, run_tests],
         model_settings=ModelSettings(tool_choice=[*tool_choice, "none"], max_tokens=128),
     )
-
-
-@pytest.fixture(scope="module")
-def plain_vllm(
-    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalServer]:
-    """vLLM as shipped, no extension: where a swapped client may well point."""
-    with local_server(
-        test_model_dir,
-        extension=False,
-        kv_blocks=128,
-        max_model_len=4096,
-        log_dir=tmp_path_factory.mktemp("plain-logs"),
-    ) as server:
-        yield server
 
 
 async def test_multi_turn_loop_with_real_tool_calls(vllm_server: LocalServer) -> None:
@@ -141,13 +125,15 @@ def test_sync_client_in_a_worker_thread(vllm_server: LocalServer) -> None:
     assert result.usage.cached_tokens > 0
 
 
-async def test_a_hinted_agent_runs_unchanged_on_plain_vllm(plain_vllm: LocalServer) -> None:
+async def test_a_hinted_agent_runs_unchanged_on_plain_vllm(plain_vllm_server: LocalServer) -> None:
     """Without the extension the hints cost nothing: vLLM ignores the header, the
     control endpoint's 404 turns the channel off for that client, and vLLM's own
     prefix cache still serves the later turns."""
-    client = HintedAsyncOpenAI(base_url=plain_vllm.base_url, api_key="unused", max_retries=0)
+    client = HintedAsyncOpenAI(base_url=plain_vllm_server.base_url, api_key="unused", max_retries=0)
     async with client:
-        result = await Runner.run(coder(plain_vllm, "list_dir", "run_tests"), "Fix.", client=client)
+        result = await Runner.run(
+            coder(plain_vllm_server, "list_dir", "run_tests"), "Fix.", client=client
+        )
         assert not ControlChannel(client).enabled
     outputs = [i for i in result.new_items if isinstance(i, ToolCallOutputItem)]
     assert [(o.call.name, o.is_error) for o in outputs] == [

@@ -21,7 +21,7 @@ from server_ext import LocalServer, local_server
 
 pytestmark = pytest.mark.server
 
-BLOCKS = 48
+BLOCKS = 48  # as conftest's plain_vllm_server, the baseline here
 PROMPT = 1024  # tokens: 16 full blocks
 
 
@@ -37,20 +37,6 @@ def ext_server(
         extra_config={"max_held_fraction": 1.0, "max_tenant_fraction": 1.0},
         env={"VLLM_SERVER_DEV_MODE": "1"},
         log_dir=tmp_path_factory.mktemp("ext-logs"),
-    ) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def plain_server(
-    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalServer]:
-    with local_server(
-        test_model_dir,
-        extension=False,
-        kv_blocks=BLOCKS,
-        max_model_len=2048,
-        log_dir=tmp_path_factory.mktemp("plain-logs"),
     ) as server:
         yield server
 
@@ -114,11 +100,11 @@ def flood(server: LocalServer, seed: int, count: int = 6) -> None:
 
 
 def test_prefix_survives_flood_only_with_extension(
-    ext_server: LocalServer, plain_server: LocalServer
+    ext_server: LocalServer, plain_vllm_server: LocalServer
 ) -> None:
     session = tokens(1)
     results = {}
-    for name, server in (("extension", ext_server), ("plain", plain_server)):
+    for name, server in (("extension", ext_server), ("plain", plain_vllm_server)):
         assert complete(server, session, 'v=1, sid="flood", gap=30') == 0
         flood(server, seed=2)
         results[name] = complete(server, session + tokens(3, 64), 'v=1, sid="flood", gap=30')
