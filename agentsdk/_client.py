@@ -16,38 +16,47 @@ from openai import AsyncOpenAI, OpenAI
 from openai._models import FinalRequestOptions
 from typing_extensions import override
 
-from hints_spec import HEADER_NAME
+from hints_spec import HEADER_NAME, SESSION_HEADER
 
 from ._scope import active_scope
 
 __all__ = ["HintedAsyncOpenAI", "HintedOpenAI"]
 
-_HEADER_LOWER = HEADER_NAME.lower()
 _CACHE_KEY = "prompt_cache_key"
 # Endpoints whose request body has a typed ``prompt_cache_key`` (chat completions, responses);
 # legacy completions has none and is only given the header.
 _CACHE_KEY_PATHS = ("/chat/completions", "/responses")
 
 
-def _has_key(mapping: Mapping[str, object], lower_name: str) -> bool:
-    return any(key.lower() == lower_name for key in mapping)
+def _has_header(mapping: Mapping[str, object], name: str) -> bool:
+    lower = name.lower()
+    return any(key.lower() == lower for key in mapping)
 
 
 def _with_hints(
     options: FinalRequestOptions, client_headers: Mapping[str, str]
 ) -> FinalRequestOptions:
-    """Add the scope's header and session cache key to one attempt's options.
+    """Add the scope's headers and session cache key to one attempt's options.
 
-    Anything the caller set explicitly wins: an ``Agent-Hints`` header in ``default_headers`` or
-    ``extra_headers`` (``Omit()`` included), and ``prompt_cache_key`` in the call or ``extra_body``.
+    ``Agent-Hints`` carries the hints; ``X-Session-ID`` repeats the session for routers
+    with session affinity, so every turn and sub-agent of a session reaches the instance
+    that holds its KV. Anything the caller set explicitly wins: either header in
+    ``default_headers`` or ``extra_headers`` (``Omit()`` included), and ``prompt_cache_key``
+    in the call or ``extra_body``.
     """
     scope = active_scope()
     if scope is None or options.url.startswith(("ws://", "wss://")):
         return options
     headers = options.headers if isinstance(options.headers, Mapping) else {}
-    if not (_has_key(headers, _HEADER_LOWER) or _has_key(client_headers, _HEADER_LOWER)):
-        options.headers = {**headers, HEADER_NAME: scope.header}
     sid = scope.hints.sid
+    wanted = {HEADER_NAME: scope.header} | ({SESSION_HEADER: sid} if sid is not None else {})
+    added = {
+        name: value
+        for name, value in wanted.items()
+        if not (_has_header(headers, name) or _has_header(client_headers, name))
+    }
+    if added:
+        options.headers = {**headers, **added}
     body = options.json_data
     if (
         sid is not None

@@ -20,7 +20,13 @@ import httpx2
 from openai import APIStatusError, AsyncOpenAI, OpenAI
 from openai._types import RequestOptions
 
-from hints_spec import CONTROL_PATH, PROTOCOL_VERSION, ControlEvent, ControlResponse
+from hints_spec import (
+    CONTROL_PATH,
+    PROTOCOL_VERSION,
+    SESSION_HEADER,
+    ControlEvent,
+    ControlResponse,
+)
 
 __all__ = ["ControlChannel"]
 
@@ -95,7 +101,7 @@ class ControlChannel(Generic[_ClientT]):
                 self._url,
                 cast_to=httpx2.Response,
                 body=_request_body(sid, events),
-                options=self._options,
+                options=self._request_options(sid),
             )
             return ControlResponse.model_validate_json(response.content)
         except Exception as err:  # never into the agent: see the module docstring
@@ -130,12 +136,17 @@ class ControlChannel(Generic[_ClientT]):
                 self._url,
                 cast_to=httpx2.Response,
                 body=_request_body(sid, events),
-                options=self._options,
+                options=self._request_options(sid),
             )
             return ControlResponse.model_validate_json(response.content)
         except Exception as err:  # never into the agent: see the module docstring
             self._failed(err)
             return None
+
+    def _request_options(self, sid: str) -> RequestOptions:
+        """One POST's options: the session in ``X-Session-ID`` too, so that a router with
+        session affinity delivers the events to the instance serving the session."""
+        return {**self._options, "headers": {SESSION_HEADER: sid}}
 
     def _failed(self, err: Exception) -> None:
         if isinstance(err, APIStatusError) and err.status_code in _UNSUPPORTED_STATUS:

@@ -19,7 +19,7 @@ from ._control import (
 )
 from ._errors import HintError, HintErrorCode
 from ._header import parse_header, serialize_header
-from ._interop import OTEL_CONVERSATION_ID, from_interop, merge_hints
+from ._interop import OTEL_CONVERSATION_ID, SESSION_HEADER, from_interop, merge_hints
 from ._model import (
     BODY_FIELD,
     CONTROL_PATH,
@@ -37,6 +37,7 @@ __all__ = [
     "HEADER_NAME",
     "OTEL_CONVERSATION_ID",
     "PROTOCOL_VERSION",
+    "SESSION_HEADER",
     "USER_TOOL",
     "AgentHints",
     "ControlEvent",

@@ -14,6 +14,9 @@ from ._errors import HintError, HintErrorCode
 from ._model import AgentHints, build_hints, trusted_hints
 
 OTEL_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+SESSION_HEADER: Final = "X-Session-ID"
+"""vLLM's session header, which routers with session affinity hash on (vllm-router's
+``consistent_hash``): a client sends it with ``sid`` so a session stays on one instance."""
 
 _DURATION = re.compile(r"([0-9]{1,6})([smh])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
@@ -63,7 +66,7 @@ def from_interop(headers: Mapping[str, str], body: Mapping[str, object]) -> Agen
         "sid": _present(
             dynamo,
             body.get("session_id"),
-            lowered.get("x-session-id"),
+            lowered.get(SESSION_HEADER.lower()),
             body.get("prompt_cache_key"),
         ),
         "ttl": _ttl(body),

@@ -26,7 +26,7 @@ from typing import IO
 
 from ._launcher import vllm_command
 
-__all__ = ["LocalServer", "ServerStartError", "free_port", "local_server"]
+__all__ = ["LocalServer", "ServerStartError", "free_port", "local_server", "stop_process"]
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
@@ -141,7 +141,7 @@ def local_server(
         _wait_ready(server, process, startup_timeout)
         yield server
     finally:
-        _stop(process)
+        stop_process(process)
         log.close()
 
 
@@ -176,7 +176,9 @@ def _root_cause(log: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """Stop ``process`` and its process group (started with ``start_new_session``):
+    SIGTERM, then SIGKILL after 30 s."""
     if process.poll() is not None:
         return
     os.killpg(process.pid, signal.SIGTERM)

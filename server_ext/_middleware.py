@@ -28,6 +28,7 @@ from hints_spec import (
     BODY_FIELD,
     CONTROL_PATH,
     HEADER_NAME,
+    SESSION_HEADER,
     ControlResponse,
     EventResult,
     HintError,
@@ -49,7 +50,7 @@ __all__ = ["INFERENCE_PATHS", "AgentHintsMiddleware"]
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 MAX_CONTROL_BYTES = 64 * 1024
 _HEADER = HEADER_NAME.lower()
-_INTEROP_HEADERS = ("x-session-id", "x-dynamo-session-id")
+_INTEROP_HEADERS = (SESSION_HEADER.lower(), "x-dynamo-session-id")
 # Any of these bytes in a body means it may carry hints or reserved keys.
 _MARKERS = (
     BODY_FIELD.encode(),

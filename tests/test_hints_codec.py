@@ -18,6 +18,7 @@ from hints_spec import (
     HEADER_NAME,
     OTEL_CONVERSATION_ID,
     PROTOCOL_VERSION,
+    SESSION_HEADER,
     AgentHints,
     ControlEvent,
     ControlRequest,
@@ -50,7 +51,7 @@ def test_public_api_is_exactly_the_contract() -> None:
     assert sorted(hints_spec.__all__) == sorted(
         [
             "HEADER_NAME", "BODY_FIELD", "CONTROL_PATH", "PROTOCOL_VERSION", "USER_TOOL",
-            "OTEL_CONVERSATION_ID", "HintErrorCode", "HintError", "AgentHints",
+            "OTEL_CONVERSATION_ID", "SESSION_HEADER", "HintErrorCode", "HintError", "AgentHints",
             "parse_header", "serialize_header", "parse_body", "Outcome", "ToolStart",
             "ToolEnd", "Fork", "End", "ControlEvent", "ControlRequest", "parse_control",
             "EventResult", "ControlResponse", "to_vllm_fields", "from_interop", "merge_hints",
@@ -63,6 +64,7 @@ def test_public_api_is_exactly_the_contract() -> None:
         "/v1/agent-hints/events",
     )
     assert (PROTOCOL_VERSION, OTEL_CONVERSATION_ID) == (1, "gen_ai.conversation.id")
+    assert SESSION_HEADER == "X-Session-ID"
 
 
 def test_hint_error_carries_code_and_message_and_pickles() -> None:

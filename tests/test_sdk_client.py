@@ -16,7 +16,14 @@ import pytest
 
 from agentsdk._client import HintedAsyncOpenAI, HintedOpenAI
 from agentsdk._scope import HintArgumentError, current_hints, hint_scope
-from hints_spec import HEADER_NAME, AgentHints, HintErrorCode, parse_header, serialize_header
+from hints_spec import (
+    HEADER_NAME,
+    SESSION_HEADER,
+    AgentHints,
+    HintErrorCode,
+    parse_header,
+    serialize_header,
+)
 
 _CHAT = {
     "id": "chatcmpl-1",
@@ -164,26 +171,44 @@ def test_scope_adds_header_and_cache_key_to_chat(stub: Stub) -> None:
         sid="s1", br="a", pbr="root", gap=2.5, prio=1
     )
     assert sent.body["prompt_cache_key"] == "s1"
+    # Routers with session affinity hash on vLLM's session header: the session, not the branch.
+    assert sent.one(SESSION_HEADER) == "s1"
 
 
-def test_caller_cache_key_and_header_win(stub: Stub) -> None:
+def test_no_session_header_without_a_session(stub: Stub) -> None:
+    with hint_scope(gap=2.0):
+        _chat(_sync(stub))
+    (sent,) = stub.requests
+    assert sent.one(HEADER_NAME) == serialize_header(AgentHints(gap=2.0))
+    assert sent.one(SESSION_HEADER) is None
+
+
+def test_caller_cache_key_and_headers_win(stub: Stub) -> None:
     client = _sync(stub)
+    routed = HintedOpenAI(
+        api_key="sk-test", base_url=stub.base_url, default_headers={"x-session-id": "user-7"}
+    )
     with hint_scope(session="s1"):
         _chat(client, prompt_cache_key="mine")
         _chat(client, extra_body={"prompt_cache_key": "extra"})
-        _chat(client, extra_headers={HEADER_NAME.lower(): "v=1"})
-    kwarg, extra, header = stub.requests
+        _chat(client, extra_headers={HEADER_NAME.lower(): "v=1", "X-SESSION-ID": "route-me"})
+        _chat(routed)
+    kwarg, extra, header, default = stub.requests
     assert kwarg.body["prompt_cache_key"] == "mine"
     assert extra.body["prompt_cache_key"] == "extra"
     assert header.all(HEADER_NAME) == ["v=1"]
+    assert header.all(SESSION_HEADER) == ["route-me"]
+    assert default.all(SESSION_HEADER) == ["user-7"]
+    assert default.one(HEADER_NAME) == _S1
 
 
-def test_legacy_completions_get_header_but_no_cache_key(stub: Stub) -> None:
+def test_legacy_completions_get_headers_but_no_cache_key(stub: Stub) -> None:
     with hint_scope(session="s1"):
         _sync(stub).completions.create(model="m", prompt="hello")
     (sent,) = stub.requests
     assert sent.path == "/v1/completions"
     assert sent.one(HEADER_NAME) == _S1
+    assert sent.one(SESSION_HEADER) == "s1"
     assert "prompt_cache_key" not in sent.body
 
 

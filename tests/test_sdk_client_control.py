@@ -86,6 +86,7 @@ def test_sends_the_spec_request_with_the_client_auth() -> None:
     (request,) = recorder.requests
     assert str(request.url) == "http://hints.test/v1/agent-hints/events"
     assert request.headers["Authorization"] == "Bearer sk-test"
+    assert request.headers["X-Session-ID"] == "s1"  # routers with session affinity hash it
     assert json.loads(request.content) == {
         "v": 1,
         "sid": "s1",

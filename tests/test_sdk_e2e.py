@@ -1,8 +1,6 @@
 """The agent framework against the real vLLM CPU server (random weights, hermes tool parser).
 
-Random weights write garbage arguments, so the loops force named tools that take no
-parameters and are ``strict`` (the server then constrains the arguments to ``{}``), and
-end with ``tool_choice="none"``: every turn is deterministic in shape.
+The agents are scripted as in ``sdk_calls``: every turn is deterministic in shape.
 """
 
 from __future__ import annotations
@@ -27,36 +25,11 @@ from agentsdk import (
 )
 from server_ext import LocalServer
 
-from sdk_calls import run_recording
+from sdk_calls import INSTRUCTIONS, coder, run_recording
 
 pytestmark = [pytest.mark.server, pytest.mark.anyio]
 
 ROOT = Path(__file__).resolve().parents[1]
-# Long enough to fill several 64-token KV blocks, so that reuse shows in cached_tokens.
-INSTRUCTIONS = "You are a coding agent working on a small Python project. " * 12
-
-
-@tool(strict=True)
-def list_dir() -> str:
-    """List the project files."""
-    return "calc.py\ntest_calc.py\nREADME.md"
-
-
-@tool(strict=True, expected_seconds=0.5)
-def run_tests() -> str:
-    """Run the test suite."""
-    return "FAILED test_calc.py::test_add - assert -1 == 5"
-
-
-def coder(server: LocalServer, *tool_choice: str) -> Agent:
-    """An agent that calls ``tool_choice``'s tools in that order, then answers."""
-    return Agent(
-        name="coder",
-        instructions=INSTRUCTIONS,
-        model=server.model,
-        tools=[list_dir, run_tests],
-        model_settings=ModelSettings(tool_choice=[*tool_choice, "none"], max_tokens=128),
-    )
 
 
 async def test_multi_turn_loop_with_real_tool_calls(vllm_server: LocalServer) -> None:
