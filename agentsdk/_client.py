@@ -28,7 +28,8 @@ _CACHE_KEY = "prompt_cache_key"
 _CACHE_KEY_PATHS = ("/chat/completions", "/responses")
 
 
-def _has_header(mapping: Mapping[str, object], name: str) -> bool:
+def has_header(mapping: Mapping[str, object], name: str) -> bool:
+    """Whether ``mapping`` sets header ``name`` (names are case-insensitive)."""
     lower = name.lower()
     return any(key.lower() == lower for key in mapping)
 
@@ -53,7 +54,7 @@ def _with_hints(
     added = {
         name: value
         for name, value in wanted.items()
-        if not (_has_header(headers, name) or _has_header(client_headers, name))
+        if not (has_header(headers, name) or has_header(client_headers, name))
     }
     if added:
         options.headers = {**headers, **added}

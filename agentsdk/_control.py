@@ -28,6 +28,8 @@ from hints_spec import (
     ControlResponse,
 )
 
+from ._client import has_header
+
 __all__ = ["ControlChannel"]
 
 _log = logging.getLogger(__name__)
@@ -145,7 +147,10 @@ class ControlChannel(Generic[_ClientT]):
 
     def _request_options(self, sid: str) -> RequestOptions:
         """One POST's options: the session in ``X-Session-ID`` too, so that a router with
-        session affinity delivers the events to the instance serving the session."""
+        session affinity delivers the events to the instance serving the session (unless
+        the client's own default headers route by another value, as its requests do)."""
+        if has_header(self._client.default_headers, SESSION_HEADER):
+            return self._options
         return {**self._options, "headers": {SESSION_HEADER: sid}}
 
     def _failed(self, err: Exception) -> None:

@@ -99,6 +99,20 @@ def test_sends_the_spec_request_with_the_client_auth() -> None:
     }
 
 
+def test_a_clients_own_session_header_routes_its_events_too() -> None:
+    recorder = Recorder()
+    http = httpx2.Client(transport=httpx2.MockTransport(recorder))
+    client = HintedOpenAI(
+        api_key="sk-test",
+        base_url="http://hints.test/v1",
+        http_client=http,
+        default_headers={"x-session-id": "user-7"},
+    )
+    ControlChannel(client).send_sync("s1", _EVENTS)
+    (request,) = recorder.requests
+    assert request.headers.get_list("X-Session-ID") == ["user-7"]
+
+
 def test_control_url_drops_only_a_trailing_v1() -> None:
     client = _sync_client(Recorder(), base_url="http://gw.test/llm/")
     assert ControlChannel(client).url == "http://gw.test/llm/v1/agent-hints/events"
