@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -26,17 +27,25 @@ def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_test_model(tmp_path_factory.mktemp("tiny-model"))
 
 
+def extension_server(model_dir: Path, log_dir: Path) -> AbstractContextManager[LocalServer]:
+    """vLLM with the extension: 128 blocks of 64 tokens, hermes tool parser."""
+    return local_server(model_dir, kv_blocks=128, max_model_len=4096, log_dir=log_dir)
+
+
 @pytest.fixture(scope="session")
 def vllm_server(
     test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalServer]:
-    """vLLM with the extension: 128 blocks of 64 tokens, hermes tool parser."""
-    with local_server(
-        test_model_dir,
-        kv_blocks=128,
-        max_model_len=4096,
-        log_dir=tmp_path_factory.mktemp("vllm-logs"),
-    ) as server:
+    with extension_server(test_model_dir, tmp_path_factory.mktemp("vllm-logs")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def second_vllm_server(
+    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
+    """Another instance like ``vllm_server``, for a module that scales out."""
+    with extension_server(test_model_dir, tmp_path_factory.mktemp("second-logs")) as server:
         yield server
 
 

@@ -23,7 +23,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from agentsdk import ControlChannel, HintedAsyncOpenAI, hint_scope
 from hints_spec import End
-from server_ext import LocalServer, local_server
+from server_ext import LocalServer
 from server_ext._local import free_port, stop_process
 
 from sdk_calls import INSTRUCTIONS
@@ -71,22 +71,8 @@ def wait_healthy(
 
 
 @pytest.fixture(scope="module")
-def second_server(
-    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalServer]:
-    """A second instance configured like ``vllm_server``."""
-    with local_server(
-        test_model_dir,
-        kv_blocks=128,
-        max_model_len=4096,
-        log_dir=tmp_path_factory.mktemp("second-logs"),
-    ) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def router(vllm_server: LocalServer, second_server: LocalServer) -> Iterator[str]:
-    with vllm_router([vllm_server, second_server]) as url:
+def router(vllm_server: LocalServer, second_vllm_server: LocalServer) -> Iterator[str]:
+    with vllm_router([vllm_server, second_vllm_server]) as url:
         yield url
 
 
@@ -118,14 +104,14 @@ async def converse(client: HintedAsyncOpenAI, model: str, sid: str, turns: int) 
 
 
 async def test_a_sessions_turns_and_control_events_reach_one_instance(
-    router: str, vllm_server: LocalServer, second_server: LocalServer
+    router: str, vllm_server: LocalServer, second_vllm_server: LocalServer
 ) -> None:
     """Each session's turns, and then its ``end``, all reach the instance holding its
     KV: turns after the first hit its prefix cache, and the other instance sees none
     of it. (Without ``X-Session-ID`` the router hashes each body, which differs per
     turn and per event, so three sessions of three turns would all stay together
     with probability 1/64.)"""
-    servers = (vllm_server, second_server)
+    servers = (vllm_server, second_vllm_server)
     async with HintedAsyncOpenAI(base_url=router, api_key="unused", max_retries=0) as client:
         for sid in ("routed-1", "routed-2", "routed-3"):
             before = [counts(s) for s in servers]
