@@ -49,18 +49,11 @@ def coder(server: LocalServer, *tool_choice: str) -> Agent:
 
 
 async def run_recording(
-    agent: Agent,
-    server: LocalServer,
-    prompt: str,
-    session: Session | None = None,
-    base_url: str | None = None,
+    agent: Agent, server: LocalServer, prompt: str, session: Session | None = None
 ) -> tuple[RunResult, list[tuple[str, Usage]]]:
-    """Run streamed on a fresh hinted client (of ``server``, or ``base_url`` in front of
-    it), keeping each call's branch and usage."""
+    """Run streamed on a fresh hinted client, keeping each call's branch and usage."""
     calls: list[tuple[str, Usage]] = []
-    client = HintedAsyncOpenAI(
-        base_url=base_url or server.base_url, api_key="unused", max_retries=0
-    )
+    client = HintedAsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
     async with (
         client,
         Runner.run_streamed(agent, prompt, client=client, session=session) as stream,
