@@ -10,7 +10,9 @@ or a miss. Per configuration it prints
   many missed returns the engine idled at all (a gauge sample with no request
   running or waiting: a warm-up could have run);
 - the TTFT summed by kind of request, beside the same requests' TTFT in a
-  bound configuration of the run (``--bound``, default ``unlimited``).
+  bound configuration of the run (``--bound``, default ``unlimited``), and how
+  many were late (over ``LATE_S`` slower than there: a hit that waited behind a
+  warm-up's or a miss's prefill shows up here).
 
 Long waits that nothing foretold show up as misses that no eviction policy
 can avoid; a kind whose TTFT far exceeds the bound's says where the mean goes::
@@ -103,19 +105,47 @@ def kinds(records: Iterable[RequestRecord], block_size: int) -> dict[RequestKey,
     return found
 
 
+LATE_S = 0.1
+"""A request is late when its TTFT exceeds the same request's in the bound by more."""
+
+
+@dataclass(slots=True)
+class KindTTFT:
+    """The TTFT of one kind of request, beside the same requests in the bound."""
+
+    requests: int = 0
+    sum_s: float = 0.0
+    bound_sum_s: float = 0.0
+    late: int = 0
+    """Requests whose TTFT exceeds the bound's by more than ``LATE_S``: those that
+    waited behind another prefill (or their own recompute)."""
+
+    def add(self, ttft_s: float, bound_ttft_s: float) -> None:
+        self.requests += 1
+        self.sum_s += ttft_s
+        self.bound_sum_s += bound_ttft_s
+        self.late += ttft_s - bound_ttft_s > LATE_S
+
+    def __add__(self, other: KindTTFT) -> KindTTFT:
+        return KindTTFT(
+            self.requests + other.requests,
+            self.sum_s + other.sum_s,
+            self.bound_sum_s + other.bound_sum_s,
+            self.late + other.late,
+        )
+
+
 def ttft_by_kind(
     run: Sequence[RequestRecord], bound: Sequence[RequestRecord], block_size: int
-) -> dict[Kind, tuple[int, float, float]]:
-    """(requests, TTFT sum in ``run``, TTFT sum of the same requests in
-    ``bound``) per kind of ``run``'s requests; requests without a TTFT in
-    either are left out."""
+) -> dict[Kind, KindTTFT]:
+    """The TTFT of ``run``'s requests per kind, beside the same requests in
+    ``bound``; requests without a TTFT in either are left out."""
     bound_ttft = {_key(r): r.ttft_s for r in bound if r.ttft_s is not None}
     ttft = {_key(r): r.ttft_s for r in run if r.ttft_s is not None}
-    sums: dict[Kind, tuple[int, float, float]] = {k: (0, 0.0, 0.0) for k in KINDS}
+    sums = {k: KindTTFT() for k in KINDS}
     for key, kind in kinds(run, block_size).items():
         if key in ttft and key in bound_ttft:
-            n, own, other = sums[kind]
-            sums[kind] = (n + 1, own + ttft[key], other + bound_ttft[key])
+            sums[kind].add(ttft[key], bound_ttft[key])
     return sums
 
 
@@ -138,17 +168,17 @@ def _wait_table(bins: Sequence[WaitBin], total_missed: int) -> list[str]:
     return lines
 
 
-def _ttft_table(sums: Mapping[Kind, tuple[int, float, float]], bound: str) -> list[str]:
+def _ttft_table(sums: Mapping[Kind, KindTTFT], bound: str) -> list[str]:
     lines = [f"  {'TTFT by kind':<20}{'requests':>8}{'sum s':>10}{'mean s':>8}"
-             f"{bound + ' sum s':>22}{'mean s':>8}"]  # fmt: skip
-    total = (
-        sum(n for n, _, _ in sums.values()),
-        sum(own for _, own, _ in sums.values()),
-        sum(other for _, _, other in sums.values()),
-    )
-    for label, (n, own, other) in [*((k, sums[k]) for k in KINDS), ("all", total)]:
-        mean, other_mean = (own / n, other / n) if n else (0.0, 0.0)
-        lines.append(f"  {label:<20}{n:>8}{own:>10.1f}{mean:>8.2f}{other:>22.1f}{other_mean:>8.2f}")
+             f"{bound + ' sum s':>22}{'mean s':>8}{f'late > {LATE_S:g} s':>14}"]  # fmt: skip
+    total = sum((sums[k] for k in KINDS), KindTTFT())
+    for label, t in [*((k, sums[k]) for k in KINDS), ("all", total)]:
+        n = t.requests
+        mean, bound_mean = (t.sum_s / n, t.bound_sum_s / n) if n else (0.0, 0.0)
+        lines.append(
+            f"  {label:<20}{n:>8}{t.sum_s:>10.1f}{mean:>8.2f}{t.bound_sum_s:>22.1f}"
+            f"{bound_mean:>8.2f}{t.late:>14}"
+        )
     return lines
 
 

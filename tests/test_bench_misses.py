@@ -11,7 +11,7 @@ from benchmarks._replay import RequestRecord
 from benchmarks._report import ConfigRun, write_json
 from benchmarks._server import MetricsSample
 from benchmarks._traces import run_requests, select_traces
-from benchmarks.misses import by_wait, kinds, main, ttft_by_kind
+from benchmarks.misses import KindTTFT, by_wait, kinds, main, ttft_by_kind
 
 
 def _rec(
@@ -70,11 +70,15 @@ def test_ttft_by_kind_against_the_same_requests_in_the_bound() -> None:
         ("t", "a", 1): "hit", ("t", "b", 1): "hit", ("t", "a", 2): "miss",
     }  # fmt: skip
     bound = [_rec(r.branch, r.seq, r.sent_at, r.sent_at + 1, 0, 0, ttft=0.5) for r in RUN]
+    bound[3] = _rec("b", 1, 5.0, 6.0, 0, 0, ttft=0.05)  # b's hit: 0.05 s later in the run
     sums = ttft_by_kind(RUN, bound[:-1], 64)  # a's miss has no TTFT in the bound: left out
-    assert sums["first"] == pytest.approx((2, 5.0, 1.0))
-    assert sums["hit"] == pytest.approx((2, 0.2, 1.0))
-    assert sums["miss"] == (0, 0.0, 0.0)
-    assert ttft_by_kind(RUN, bound, 64)["miss"] == pytest.approx((1, 4.0, 0.5))
+    first, hit, miss = (sums[k] for k in ("first", "hit", "miss"))
+    assert (first.requests, first.late) == (2, 2)  # 2.0 and 3.0 s against 0.5 s
+    assert (first.sum_s, first.bound_sum_s) == pytest.approx((5.0, 1.0))
+    assert (hit.requests, hit.late) == (2, 0)  # faster than the bound, or 0.05 s slower
+    assert (hit.sum_s, hit.bound_sum_s) == pytest.approx((0.2, 0.55))
+    assert miss == KindTTFT()
+    assert ttft_by_kind(RUN, bound, 64)["miss"] == KindTTFT(1, 4.0, 0.5, late=1)
 
 
 def test_cli_reads_a_saved_run_and_its_traces(
@@ -100,7 +104,7 @@ def test_cli_reads_a_saved_run_and_its_traces(
     out = capsys.readouterr().out
     returns = len(records) - len(seq)
     assert f"{640 * len(records):,} of {640 * len(records):,} tokens" in out
-    assert out.count("\n  8-16 s") == 1 and "TTFT by kind" in out
+    assert out.count("\n  8-16 s") == 1 and "TTFT by kind" in out and "late > 0.1 s" in out
     long_row = next(line for line in out.splitlines() if line.strip().startswith(">= 16 s"))
     assert long_row.split()[3:5] == ["0", "0"]  # every wait was 9 s
     mid_row = next(line for line in out.splitlines() if line.strip().startswith("8-16 s"))
