@@ -69,6 +69,8 @@ class ControlChannel(Generic[_ClientT]):
         self._client: _ClientT = client
         self._url = _control_url(client)
         self._options: RequestOptions = {"timeout": timeout, "max_retries": 0}
+        # A client whose own headers route by another value posts its events the same way.
+        self._routes_itself = has_header(client.default_headers, SESSION_HEADER)
         self._pending: set[asyncio.Task[ControlResponse | None]] = set()
 
     @property
@@ -147,9 +149,8 @@ class ControlChannel(Generic[_ClientT]):
 
     def _request_options(self, sid: str) -> RequestOptions:
         """One POST's options: the session in ``X-Session-ID`` too, so that a router with
-        session affinity delivers the events to the instance serving the session (unless
-        the client's own default headers route by another value, as its requests do)."""
-        if has_header(self._client.default_headers, SESSION_HEADER):
+        session affinity delivers the events to the instance serving the session."""
+        if self._routes_itself:
             return self._options
         return {**self._options, "headers": {SESSION_HEADER: sid}}
 

