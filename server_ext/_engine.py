@@ -227,6 +227,15 @@ class EngineRetention:
         self._warmups: set[str] = set()
         # The requests among ``_real`` that the scheduler admitted.
         self._running: set[str] = set()
+        # Whether running warm-ups sit out the next engine step: vLLM schedules
+        # running requests before waiting ones, so a warm-up's next prefill
+        # chunk would take the step's token budget ahead of a real request.
+        # Set when a real request arrives (it gets the next step), then after
+        # each step while a real request scheduled in it has prefill left; not
+        # for one that could not be scheduled at all (short of blocks, or held
+        # by the gate): pausing then would idle the engine, or wait forever on
+        # the blocks a paused warm-up holds.
+        self.warmups_yield = False
         self.faults = 0
 
     @property
@@ -252,8 +261,10 @@ class EngineRetention:
         if params is not None and CONTROL_KEY in params:
             return False
         read = read_hint_params(params)
-        if read is None:
+        if read is None or not read.prefetch:
             self._real[request_id] = progress
+            self.warmups_yield = True
+        if read is None:
             return False
         hints = read.hints
         key = BranchKey(read.tenant, hints["sid"], hints.get("br") or ROOT)
@@ -268,7 +279,6 @@ class EngineRetention:
         if read.prefetch:
             self._warmups.add(request_id)
         else:
-            self._real[request_id] = progress
             self.policy.on_request_arrived(key)
             if self._gate is not None:
                 held = self.policy.retention(key)
@@ -372,9 +382,19 @@ class EngineRetention:
         return outcomes
 
     @_contained(None)
-    def tick(self) -> None:
-        """Release expired retentions (called every engine step)."""
+    def step_scheduled(self, scheduled: Mapping[str, int]) -> None:
+        """Once per engine step, when the scheduler has filled it (``scheduled``:
+        tokens per request): release expired retentions, and decide whether
+        warm-ups sit out the next step."""
         self._apply(self.policy.expire())
+        self.warmups_yield = any(
+            (progress := self._real.get(request_id)) is not None
+            and progress.num_computed_tokens + tokens < progress.num_prompt_tokens
+            for request_id, tokens in scheduled.items()
+        )
+
+    def is_warmup(self, request_id: str) -> bool:
+        return request_id in self._warmups
 
     @_contained(False)
     def make_room(self, blocks_needed: int, request_id: str | None = None) -> bool:

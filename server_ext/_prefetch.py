@@ -8,8 +8,9 @@ prompt's KV is then back in the prefix cache, and retained again by the engine,
 when the real request arrives. Warm-ups are low priority: one at a time, and
 only while no real request awaits its first response bytes, so they run beside
 decodes, never beside a prefill (the engine, which sees every API server's
-traffic, holds one back while any real request waits or prefills too). A
-warm-up is cancelled when its branch returns or ends first.
+traffic, holds one back while any real request waits or prefills too, and a
+running one sits out the steps of a real prefill). A warm-up is cancelled when
+its branch returns or ends first.
 
 No vLLM import: it drives the downstream ASGI app, so tests run it against a
 fake app.

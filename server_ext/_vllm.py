@@ -17,6 +17,8 @@ here:
   ``get_block_ids_with_load_errors``, ``build_connector_worker_meta``;
 - ``Request.block_hashes`` / ``num_tokens`` / ``num_computed_tokens`` /
   ``num_prompt_tokens`` (a request still prefills: warm-ups wait),
+  ``Request.next_decode_eligible_step`` (the scheduler passes over a running
+  request until that step: a warm-up yields a step to real requests),
   ``KVCacheManager.get_block_ids`` and ``SchedulerOutput.num_scheduled_tokens``;
 - ``BlockPool.touch`` / ``free_blocks`` and ``KVCacheBlock.block_hash``;
 - ``KVCacheManager.allocate_slots`` and ``reset_prefix_cache``, wrapped on the
@@ -47,6 +49,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
     KVConnectorStats,
 )
+from vllm.v1.request import RequestStatus
 
 from ._config import CONNECTOR_NAME, ExtensionConfig
 from ._engine import CONTROL_KEY, EngineRetention, control_params, read_hint_params
@@ -86,6 +89,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SUPPORTED_VLLM = (">=0.32", "<0.34")
+
+_PAUSED = 1 << 62
+"""Added to a warm-up's ``next_decode_eligible_step`` while it yields."""
 
 
 def _check_version() -> None:
@@ -188,6 +194,7 @@ _COUNTERS = {
     "rejected": "Retention hints rejected (over budget, unknown branch)",
     "faults": "Internal retention faults contained (the engine served without hints)",
     "deferrals": "Scheduler steps a long cold prefill waited for a cheaper hinted request",
+    "warmup_yields": "Scheduler steps a running prefetch warm-up sat out for a real prefill",
     "predicted_returns": "Branch returns whose predicted gap was checked against the actual one",
     "return_log2_error_sum": "Sum of |log2(actual gap / predicted gap)| over predicted returns",
     "returns_within_2x": "Predicted returns whose actual gap was within 2x of the prediction",
@@ -327,6 +334,10 @@ class AgentHintsConnector(KVConnectorBase_V1):
         # Tier, scheduler side: the planner and the requests it tracks.
         self._planner: TierPlanner | None = None
         self._tier_requests: dict[str, Request] = {}
+        # Prefetch warm-ups from arrival to finish, paced by ``_pace_warmups``,
+        # and the steps a running one sat out.
+        self._warmups: dict[str, Request] = {}
+        self._warmup_yields = 0
         # Tier, worker side.
         self._tier_worker: TierWorker | None = None
         self._shared_probe: GuardedTier | None = None
@@ -412,6 +423,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
         if self._retention is not None:
             params, blocks = request.kv_transfer_params, len(request.block_hashes)
             self._retention.request_added(request.request_id, params, blocks, request)
+            if self._retention.is_warmup(request.request_id):
+                self._warmups[request.request_id] = request
+            self._pace_warmups()
         if self._planner is not None:
             identity = _tier_identity(request.kv_transfer_params, self._config.ttl_cap_s)
             if identity is not None:
@@ -454,7 +468,15 @@ class AgentHintsConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         if self._retention is not None:
-            self._retention.tick()
+            scheduled = scheduler_output.num_scheduled_tokens
+            self._warmup_yields += sum(
+                request.next_decode_eligible_step >= _PAUSED
+                and request.status == RequestStatus.RUNNING
+                and request_id not in scheduled
+                for request_id, request in self._warmups.items()
+            )
+            self._retention.step_scheduled(scheduled)
+            self._pace_warmups()
         if self._planner is None or self._kv_cache_manager is None:
             return AgentHintsMetadata()
         manager = self._kv_cache_manager
@@ -475,6 +497,18 @@ class AgentHintsConnector(KVConnectorBase_V1):
             self._contained("save planning")
             return AgentHintsMetadata()
 
+    def _pace_warmups(self) -> None:
+        """Make running warm-ups sit out the next step, or run again, as the
+        retention decides (``EngineRetention.warmups_yield``)."""
+        assert self._retention is not None
+        paused = self._retention.warmups_yield
+        for request in self._warmups.values():
+            step = request.next_decode_eligible_step
+            if paused and step < _PAUSED:
+                request.next_decode_eligible_step = step + _PAUSED
+            elif not paused and step >= _PAUSED:
+                request.next_decode_eligible_step = step - _PAUSED
+
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         meta = connector_output.kv_connector_worker_meta
         if self._planner is not None and isinstance(meta, TierWorkerMetadata):
@@ -492,6 +526,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         retention = self._retention
         if retention is None:
             return False, None
+        self._warmups.pop(request.request_id, None)
         params = request.kv_transfer_params or {}
         control = params.get(CONTROL_KEY)
         if control is not None:
@@ -515,6 +550,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
             now.update(dataclasses.asdict(self._retention.stats))
             now["faults"] = self._retention.faults
             now["deferrals"] = self._retention.deferrals
+            now["warmup_yields"] = self._warmup_yields
         if self._planner is not None:
             counters = dataclasses.asdict(self._planner.counters)
             now.update({f"tier_{name}": value for name, value in counters.items()})

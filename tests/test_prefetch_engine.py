@@ -200,6 +200,46 @@ def test_a_warmup_waits_while_a_real_request_waits_or_prefills() -> None:
     assert e.deferrals == 0  # the metric counts real requests held back only
 
 
+def test_running_warmups_yield_a_step_to_a_real_request_that_arrives() -> None:
+    e, _, _ = engine()
+    assert e.request_added("w1", params(prefetch=True))
+    assert e.is_warmup("w1") and not e.warmups_yield  # a warm-up is not a real request
+    e.request_scheduled("w1")
+    e.step_scheduled({"w1": 128})
+    assert not e.warmups_yield
+    assert not e.request_added("c1", control_params("t", "s", []))
+    assert not e.warmups_yield  # nor is a control message
+    real = Progress(num_prompt_tokens=300)
+    assert e.request_added("x1", other_params("x", 5.0), 5, real)
+    assert e.warmups_yield and not e.is_warmup("x1")  # the next step is the arrival's
+    e.request_scheduled("x1")
+    e.step_scheduled({"x1": 128, "u0": 1})
+    assert e.warmups_yield  # it has prefill left after this step
+    real.num_computed_tokens = 128
+    e.step_scheduled({"x1": 128})
+    assert e.warmups_yield
+    real.num_computed_tokens = 256
+    e.step_scheduled({"x1": 44})
+    assert not e.warmups_yield  # its last prefill chunk is in this step
+    real.num_computed_tokens = 300
+    e.step_scheduled({"x1": 1, "w1": 128})
+    assert not e.warmups_yield  # it decodes: the warm-up runs beside it
+
+
+def test_warmups_run_on_when_a_real_request_cannot_be_scheduled() -> None:
+    """A request short of blocks (or held by the gate) must not pause the
+    warm-ups: the engine would idle, or wait on the blocks they hold."""
+    e, _, _ = engine()
+    assert e.request_added("w1", params(prefetch=True))
+    assert not e.request_added("u1", None, 8, Progress(512))  # unhinted traffic counts
+    assert e.warmups_yield
+    e.step_scheduled({})  # the scheduler could not admit it
+    assert not e.warmups_yield
+    e.request_finished("u1", [])
+    e.step_scheduled({"w1": 128})
+    assert not e.warmups_yield
+
+
 def test_a_request_of_unknown_progress_holds_warmups_until_it_finishes() -> None:
     e, pool, _ = engine()
     pool.free = 100

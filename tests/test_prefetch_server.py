@@ -5,8 +5,9 @@ cannot keep a 1,024-token (16-block) session through a flood of unrelated
 prompts. With the hints saying the session is back in 3 s, the prefetcher
 re-prefills its prompt once the flood is over, before it returns; a session
 whose return is not due yet (gap 600 s) gets no warm-up and stays evicted. A
-warm-up also runs beside another request's decode. The same through the SDK: an
-agent's tool announced with its ETA.
+warm-up also runs beside another request's decode, and sits out the steps of
+another request's prefill (a step budget of 128 tokens: a prefill takes several
+steps). The same through the SDK: an agent's tool announced with its ETA.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         kv_blocks=48,
         max_model_len=2048,
         extra_config={"prefetch": True, "max_held_fraction": 0.2},
+        args=["--max-num-batched-tokens", "128"],
         log_dir=tmp_path_factory.mktemp("prefetch-logs"),
     ) as server:
         yield server
@@ -138,6 +140,38 @@ def test_a_warmup_runs_beside_another_requests_decode(server: LocalServer) -> No
     assert status == 200
     assert decoding.startswith("data: {"), decoding
     assert cached >= PROMPT - 64
+
+
+def test_a_warmup_sits_out_the_steps_of_a_real_prefill(server: LocalServer) -> None:
+    """vLLM schedules running requests before waiting ones, so a warm-up in the
+    middle of its 15-step prefill would take every step's budget until done. It
+    sits out the steps of a cold request sent just after it started instead,
+    then resumes and completes, and the session's return finds its prompt
+    cached."""
+    before = server.metrics()
+    long = 1920  # tokens: 15 steps of 128
+    session, hints = tokens(7, long), 'v=1, sid="yields", gap=3'
+    assert complete(server, session, hints) == 0
+    departed = time.monotonic()
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda i: complete(server, tokens(800 + i)), range(6)))
+    issued, completed = prefetches("issued"), prefetches("completed")
+    while server.metrics().get(issued, 0) == before.get(issued, 0):
+        assert time.monotonic() < departed + 20.0, "no warm-up"
+        time.sleep(0.01)
+    assert complete(server, tokens(9, 256)) == 0  # a cold prefill of 2 steps
+    while server.metrics().get(completed, 0) == before.get(completed, 0):
+        assert time.monotonic() < departed + 20.0, "the warm-up never resumed"
+        time.sleep(0.05)
+    cached = complete(server, session + tokens(10, 64), hints)
+    time.sleep(1.0)  # engine stats reach /metrics with the steps after the return
+    yields = server.metrics().get("agent_hints_warmup_yields_total", 0)
+    status, _ = server.post_json(
+        "/v1/agent-hints/events", {"v": 1, "sid": "yields", "events": [{"type": "end"}]}
+    )
+    assert status == 200
+    assert yields - before.get("agent_hints_warmup_yields_total", 0) >= 2
+    assert cached >= long - 64
 
 
 @pytest.mark.anyio
