@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +20,15 @@ from typing import Literal
 from server_ext import LocalServer, local_server
 from server_ext.tier import local_mooncake_master
 
-__all__ = ["CONFIGS", "Config", "MetricsSample", "ServerPlan", "sample_metrics", "serve"]
+__all__ = [
+    "CONFIGS",
+    "Config",
+    "MetricsSample",
+    "ServerPlan",
+    "sample_metrics",
+    "serve",
+    "sigterm_as_exit",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +129,28 @@ def serve(plan: ServerPlan, config: Config, log_dir: Path) -> Iterator[LocalServ
             )
         )
         yield server
+
+
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """Turn SIGTERM into ``SystemExit`` while the block runs (main thread only).
+
+    Each server runs in its own process group, so a run killed by SIGTERM (a
+    ``timeout``, a CI cancel) would leave its vLLM behind, 3.5 GB and a port; as
+    an exception, the kill unwinds through ``serve``, which stops it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,15 @@ from ._plots import write_plots
 from ._progress import Progress
 from ._replay import ReplaySettings, RequestRecord, replay
 from ._report import ConfigRun, format_table, summarize, write_json
-from ._server import CONFIGS, Config, MetricsSample, ServerPlan, sample_metrics, serve
+from ._server import (
+    CONFIGS,
+    Config,
+    MetricsSample,
+    ServerPlan,
+    sample_metrics,
+    serve,
+    sigterm_as_exit,
+)
 from ._traces import PrefixIndex, TokenMapper, Trace, default_traces_dir, select_traces
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -306,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "traces": info,
         "unlimited_kv_blocks": unlimited_blocks,
     }
-    with tempfile.TemporaryDirectory(prefix="replay-model-") as tmp:
+    with sigterm_as_exit(), tempfile.TemporaryDirectory(prefix="replay-model-") as tmp:
         model = args.model or str(make_test_model(tmp))
         plan = ServerPlan(
             model=model,

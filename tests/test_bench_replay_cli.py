@@ -1,9 +1,15 @@
 """``python -m benchmarks.replay`` end to end: real servers, a real trace, the table,
-the JSON and the plots (a short slice: 4 requests of one trace, plain and retention)."""
+the JSON and the plots (a short slice: 4 requests of one trace, plain and retention);
+and a run killed by SIGTERM stops the server it started."""
 
 from __future__ import annotations
 
 import json
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,3 +55,52 @@ def test_replay_prints_one_table_and_writes_the_json_and_plots(
     # The saved run feeds the analyses.
     assert misses.main([str(out), "--traces", str(traces_dir), "--bound", "plain"]) == 0
     assert "TTFT by kind" in capsys.readouterr().out
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1.0)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _processes_with(argument: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if argument.encode() in cmdline.read_bytes().split(b"\0"):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue  # it exited while we looked
+    return found
+
+
+def test_a_run_killed_by_sigterm_stops_its_server(
+    traces_dir: Path, test_model_dir: Path, tmp_path: Path
+) -> None:
+    """The server runs in its own process group; without the run's SIGTERM
+    handling it would outlive the run (3.5 GB and a port)."""
+    argv = [
+        sys.executable, "-m", "benchmarks.replay",
+        "--traces", str(traces_dir), "--trace-ids", "trace_0100",
+        "--max-requests-per-trace", "40", "--time-scale", "1", "--kv-blocks", "80",
+        "--max-model-len", "4096", "--configs", "plain",
+        "--model", str(test_model_dir), "--out", str(tmp_path / "run.json"),
+        "--startup-timeout", "240",
+    ]  # fmt: skip
+    run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        port = None
+        while port is None or not _listening(port):
+            assert run.poll() is None and time.monotonic() < deadline, "the server never came up"
+            logs = list(tmp_path.glob("vllm-*.log"))
+            port = int(logs[0].stem.removeprefix("vllm-")) if logs else None
+            time.sleep(0.5)
+        assert _processes_with(str(port)), "the server's command line names its port"
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=90) == 128 + signal.SIGTERM
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert not _listening(port)
+    assert _processes_with(str(port)) == []
