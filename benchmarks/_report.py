@@ -215,6 +215,31 @@ def _ratio(a: object, b: object) -> float | None:
     return None
 
 
+RATIO_KEYS = (
+    "reuse_of_theoretical",
+    "prefill_tokens",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_mean_s",
+    "wall_s",
+)
+"""The numbers each ratio row divides, in its column order."""
+
+
+def ratios(summaries: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """``"config / baseline"`` -> that configuration's ``RATIO_KEYS`` over the
+    baseline's, for every configuration against each baseline present (plain
+    vLLM, then the unlimited bound; the bound is not divided by plain)."""
+    by_name = {s["config"]: s for s in summaries}
+    return {
+        f"{s['config']} / {base}": {key: _ratio(s[key], by_name[base][key]) for key in RATIO_KEYS}
+        for base in _BASELINES
+        if base in by_name
+        for s in summaries
+        if s["config"] != base and not (base == "plain" and s["config"] == "unlimited")
+    }
+
+
 def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     """One row per configuration, then ratio rows against the baselines."""
     head = (
@@ -242,38 +267,20 @@ def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
             f"{_fmt(tier_mb, '.1f'):>9}{s['load_avg_at_end'][1]:>6.1f}"
             f"  {retention}"
         )
-    by_name = {s["config"]: s for s in summaries}
-    ratio_rows = [
-        (s, by_name[base])
-        for base in _BASELINES
-        if base in by_name
-        for s in summaries
-        if s["config"] != base and not (base == "plain" and s["config"] == "unlimited")
-    ]
-    if ratio_rows:
+    table = ratios(summaries)
+    if table:
         lines.append("")
         lines.append(
             f"{'ratio':<24}{'reuse':>8}{'prefill':>9}{'TTFT p50':>10}{'p90':>8}{'mean':>8}"
             f"{'wall':>8}   (TTFT < 1: faster)"
         )
-        for s, base in ratio_rows:
-            cells = [
-                _ratio(s[key], base[key])
-                for key in (
-                    "reuse_of_theoretical",
-                    "prefill_tokens",
-                    "ttft_p50_s",
-                    "ttft_p90_s",
-                    "ttft_mean_s",
-                    "wall_s",
-                )
-            ]
-            widths = (8, 9, 10, 8, 8, 8)
+        widths = (8, 9, 10, 8, 8, 8)
+        for label, cells in table.items():
             lines.append(
-                f"{s['config'] + ' / ' + base['config']:<24}"
+                f"{label:<24}"
                 + "".join(
-                    f"{_fmt(c, '.2f') + 'x' if c is not None else '-':>{w}}"
-                    for c, w in zip(cells, widths, strict=True)
+                    f"{_fmt(cells[key], '.2f') + 'x' if cells[key] is not None else '-':>{w}}"
+                    for key, w in zip(RATIO_KEYS, widths, strict=True)
                 )
             )
     return "\n".join(lines)

@@ -10,11 +10,19 @@ configuration re-run on its own (the header keeps every source file)::
         --out results/matrix-all.json
 
 ``FILE:NAME,NAME`` takes only the named configurations of ``FILE``.
+
+With ``--spread`` the files are repeated runs of one matrix instead: it prints
+the median and range, over the runs, of each configuration's reuse, prefill and
+TTFT and of each ratio (each run's ratios compare configurations measured under
+the same conditions), and writes them to ``--out`` if given::
+
+    python -m benchmarks.report --spread results/run1.json results/run2.json results/run3.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +30,7 @@ from typing import NamedTuple
 
 from ._plots import write_plots
 from ._report import ConfigRun, format_table, read_json, summarize, write_json
+from ._spread import format_spread, spread_json
 
 
 class _Input(NamedTuple):
@@ -49,11 +58,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=_Input.parse,
         help="JSON files of benchmarks.replay, each optionally FILE:NAME,NAME (only those)",
     )
-    p.add_argument("--out", type=Path, required=True, help="merged JSON (plots go beside it)")
+    p.add_argument(
+        "--out", type=Path, help="merged JSON (plots go beside it); with --spread, optional"
+    )
+    p.add_argument(
+        "--spread",
+        action="store_true",
+        help="the inputs are repeated runs: print the median and range of every number and ratio",
+    )
     args = p.parse_args(argv)
     missing = [str(i.path) for i in args.inputs if not i.path.is_file()]
     if missing:
         sys.exit(f"error: no such file: {', '.join(missing)}")
+    if args.spread:
+        return _spread(args.inputs, args.out)
+    if args.out is None:
+        sys.exit("error: --out is required to merge runs (or pass --spread)")
     header, _ = read_json(args.inputs[0].path)
     runs: dict[str, ConfigRun] = {}
     for source in args.inputs:
@@ -70,6 +90,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_json(args.out, header, merged)
     plots = write_plots(merged, args.out.parent, args.out.stem)
     print(f"\nwrote {args.out}" + "".join(f"\n      {p}" for p in plots))
+    return 0
+
+
+def _spread(inputs: Sequence[_Input], out: Path | None) -> int:
+    runs = []
+    for source in inputs:
+        found = [
+            r for r in read_json(source.path)[1] if source.names is None or r.name in source.names
+        ]
+        runs.append([summarize(r) for r in found])
+    print(format_spread(runs))
+    if out is not None:
+        payload = {"spread_of": [str(i) for i in inputs], **spread_json(runs)}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(payload, indent=1) + "\n")
+        print(f"\nwrote {out}")
     return 0
 
 

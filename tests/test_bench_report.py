@@ -11,6 +11,7 @@ from benchmarks import report
 from benchmarks._replay import RequestRecord, hint_header
 from benchmarks._report import ConfigRun, format_table, read_json, summarize, write_json
 from benchmarks._server import MetricsSample
+from benchmarks._spread import Spread, format_spread, spreads
 
 
 def _record(cached: int, theory: int, ttft: float, error: str | None = None) -> RequestRecord:
@@ -200,3 +201,53 @@ def test_the_report_command_takes_named_configurations_of_a_file(tmp_path: Path)
     assert merged["merged_from"][1].endswith("b.json:host")
     with pytest.raises(SystemExit, match="no configuration mooncake"):
         report.main([f"{tmp_path / 'b.json'}:mooncake", "--out", str(out)])
+
+
+def test_the_spread_of_repeated_runs_is_taken_over_each_runs_ratios() -> None:
+    runs = [  # plain's TTFT moves 4x between runs; retention stays at half of it
+        [summarize(_run("plain", [_record(400, 800, t)])),
+         summarize(_run("retention", [_record(r, 800, t / 2)]))]
+        for t, r in ((0.4, 600), (1.6, 640), (0.8, 700))
+    ]  # fmt: skip
+    absolute, relative = spreads(runs)
+    assert absolute["plain"]["ttft_mean_s"] == Spread(0.8, 0.4, 1.6, 3)
+    assert absolute["retention"]["reuse_of_theoretical"] == Spread(0.8, 0.75, 0.875, 3)
+    mean = relative["retention / plain"]["ttft_mean_s"]
+    assert mean is not None and (mean.low, mean.high, mean.n) == (0.5, 0.5, 3)
+    reuse = relative["retention / plain"]["reuse_of_theoretical"]
+    assert reuse is not None and reuse.median == pytest.approx(1.6)
+    lines = format_spread(runs).splitlines()
+    assert lines[0] == "3 runs: median (lowest-highest)"
+    row = next(line for line in lines if line.startswith("retention / plain"))
+    assert row.split()[3:5] == ["3", "1.60x"] and row.endswith("0.50x (0.50-0.50)")
+
+
+def test_a_configuration_missing_from_some_runs_counts_only_where_it_ran() -> None:
+    runs = [
+        [summarize(_run("plain", [_record(400, 800, 0.4)]))],
+        [summarize(_run("plain", [_record(400, 800, 0.2)])),
+         summarize(_run("host", [_record(800, 800, 0.1)]))],
+    ]  # fmt: skip
+    absolute, relative = spreads(runs)
+    assert list(absolute) == ["plain", "host"]
+    assert absolute["host"]["ttft_mean_s"] == Spread(0.1, 0.1, 0.1, 1)
+    host = relative["host / plain"]["ttft_mean_s"]
+    assert host is not None and host.median == pytest.approx(0.5) and host.n == 1
+
+
+def test_the_report_command_prints_and_writes_the_spread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for i, t in enumerate((0.4, 0.8)):
+        runs = [_run("plain", [_record(400, 800, t)]), _run("unlimited", [_record(800, 800, 0.1)])]
+        write_json(tmp_path / f"r{i}.json", {"benchmark": "replay"}, runs)
+    inputs = [str(tmp_path / "r0.json"), str(tmp_path / "r1.json")]
+    assert report.main(["--spread", *inputs]) == 0
+    assert "plain / unlimited" in capsys.readouterr().out
+    out = tmp_path / "spread.json"
+    assert report.main(["--spread", *inputs, "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["runs"] == 2 and written["spread_of"] == inputs
+    assert written["ratios"]["plain / unlimited"]["ttft_mean_s"]["high"] == pytest.approx(8.0)
+    with pytest.raises(SystemExit, match="--out is required"):
+        report.main(inputs)
