@@ -385,15 +385,17 @@ class EngineRetention:
     def step_scheduled(self, scheduled: Mapping[str, int]) -> None:
         """Once per engine step, when the scheduler has filled it (``scheduled``:
         tokens per request): release expired retentions, and decide whether
-        warm-ups sit out the next step."""
-        self._apply(self.policy.expire())
+        warm-ups sit out the next step (first: a fault in the policy must not
+        leave them paused)."""
         self.warmups_yield = any(
             (progress := self._real.get(request_id)) is not None
             and progress.num_computed_tokens + tokens < progress.num_prompt_tokens
             for request_id, tokens in scheduled.items()
         )
+        self._apply(self.policy.expire())
 
     def is_warmup(self, request_id: str) -> bool:
+        """Whether ``request_id`` is a prefetch warm-up this engine tracks."""
         return request_id in self._warmups
 
     @_contained(False)
