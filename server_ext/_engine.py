@@ -386,8 +386,8 @@ class EngineRetention:
         """Once per engine step, when the scheduler has filled it (``scheduled``:
         tokens per request): release expired retentions, and decide whether
         warm-ups sit out the next step (first: a fault in the policy must not
-        leave them paused)."""
-        self.warmups_yield = any(
+        leave them paused; without warm-ups in flight, no scan of the step)."""
+        self.warmups_yield = bool(self._warmups) and any(
             (progress := self._real.get(request_id)) is not None
             and progress.num_computed_tokens + tokens < progress.num_prompt_tokens
             for request_id, tokens in scheduled.items()
