@@ -34,7 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--defer-lookahead",
         type=float,
         dest="defer_lookahead_s",
-        help="warm-first admission: a cold prefill waits for a branch due back within this (s)",
+        help="warm-first admission: a cold prefill waits for a branch due back before it "
+        "would be done, and within this (s, 0: never)",
     )
     serve.add_argument(
         "--gap-hint-weight",

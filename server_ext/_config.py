@@ -47,8 +47,10 @@ class ExtensionConfig:
             prefill may wait up to this long while cheaper hinted requests go
             first (0 turns it off: first come, first served).
         defer_lookahead_s: Warm-first admission: a hinted cold prefill waits
-            while a retained branch is expected back within this many seconds
-            (before or after now), at most ``max_defer_s``.
+            while a retained branch is expected back (before or after now)
+            within the time the prefill would take, as measured on the
+            engine's steps, and at most this many seconds; for at most
+            ``max_defer_s``.
         gap_hint_weight: How many observed gaps a client's ``gap`` (or a
             tool's ``eta``) counts for against the gaps the server learned;
             raise it for clients whose hints are known to be accurate.
@@ -115,8 +117,9 @@ class ExtensionConfig:
             )
         return dataclasses.replace(_ESTIMATOR, hint_weight=self.gap_hint_weight)
 
-    def admission_gate(self, tiered: bool = False) -> WarmFirstGate | None:
-        """The warm-first gate, or None when ``max_defer_s`` is 0.
+    def admission_gate(self, block_size: int, tiered: bool = False) -> WarmFirstGate | None:
+        """The warm-first gate for an engine of ``block_size``-token blocks,
+        or None when ``max_defer_s`` is 0.
 
         With a KV tier (``tiered``) a released branch comes back by a load,
         not a recompute, so no request waits for a due branch: only the
@@ -125,4 +128,8 @@ class ExtensionConfig:
         if self.max_defer_s == 0:
             return None
         lookahead = 0.0 if tiered else self.defer_lookahead_s
-        return WarmFirstGate(AdmissionConfig(max_defer_s=self.max_defer_s, lookahead_s=lookahead))
+        return WarmFirstGate(
+            AdmissionConfig(
+                max_defer_s=self.max_defer_s, lookahead_s=lookahead, block_size=block_size
+            )
+        )

@@ -312,10 +312,9 @@ class EngineRetention:
             return self._warmup_waits(entry.key, uncached_blocks, now)
         if self._gate is None:
             return False
-        lookahead = self._gate.config.lookahead_s
 
-        def return_due() -> bool:
-            return bool(self._running) and self.policy.return_due(now, lookahead, entry.key)
+        def return_due(within_s: float) -> bool:
+            return bool(self._running) and self.policy.return_due(now, within_s, entry.key)
 
         return self._gate.defer(request_id, uncached_blocks, now, return_due)
 
@@ -384,14 +383,17 @@ class EngineRetention:
     @_contained(None)
     def step_scheduled(self, scheduled: Mapping[str, int]) -> None:
         """Once per engine step, when the scheduler has filled it (``scheduled``:
-        tokens per request): release expired retentions, and decide whether
-        warm-ups sit out the next step (first: a fault in the policy must not
-        leave them paused; without warm-ups in flight, no scan of the step)."""
+        tokens per request): decide whether warm-ups sit out the next step
+        (first: a fault in the policy must not leave them paused; without
+        warm-ups in flight, no scan of the step), let the gate time the
+        engine's steps, and release expired retentions."""
         self.warmups_yield = bool(self._warmups) and any(
             (progress := self._real.get(request_id)) is not None
             and progress.num_computed_tokens + tokens < progress.num_prompt_tokens
             for request_id, tokens in scheduled.items()
         )
+        if self._gate is not None:
+            self._gate.step(self._clock(), scheduled)
         self._apply(self.policy.expire())
 
     def is_warmup(self, request_id: str) -> bool:

@@ -394,7 +394,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         retention = EngineRetention(
             policy,
             _PoolPort(kv_cache_manager.block_pool),
-            self._config.admission_gate(tiered=self._planner is not None),
+            self._config.admission_gate(self._block_size, tiered=self._planner is not None),
         )
         self._retention = retention
         block_size = self._block_size

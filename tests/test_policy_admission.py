@@ -15,6 +15,7 @@ from server_ext.policy import (
     BranchKey,
     PolicyConfig,
     RetentionPolicy,
+    StepTimer,
     WarmFirstGate,
 )
 
@@ -112,9 +113,11 @@ def test_a_retained_branch_due_back_counts_as_a_free_waiting_request() -> None:
     g = gate(max_defer_s=5.0)
     g.arrived("cold", now=0.0)
     assert not g.defer("cold", 40, now=0.1)
-    assert g.defer("cold", 40, now=0.2, warm_return_due=lambda: True)
-    assert not g.defer("cold", 3, now=0.3, warm_return_due=lambda: True)  # too small to matter
-    assert not g.defer("cold", 40, now=5.0, warm_return_due=lambda: True)  # its bound
+    assert g.defer("cold", 40, now=0.2, warm_return_due=lambda within_s: True)
+    assert not g.defer(
+        "cold", 3, now=0.3, warm_return_due=lambda within_s: True
+    )  # too small to matter
+    assert not g.defer("cold", 40, now=5.0, warm_return_due=lambda within_s: True)  # its bound
 
 
 def test_the_policy_says_when_a_retained_branch_is_due() -> None:
@@ -170,18 +173,72 @@ def test_an_idle_engine_never_waits_for_a_due_branch() -> None:
 def test_the_operator_sets_the_admission_bounds() -> None:
     gate_ = ExtensionConfig.from_mapping(
         {"max_defer_s": 20, "defer_lookahead_s": 3}
-    ).admission_gate()
-    assert gate_ is not None and gate_.config == AdmissionConfig(max_defer_s=20.0, lookahead_s=3.0)
-    assert ExtensionConfig.from_mapping({"max_defer_s": 0}).admission_gate() is None
-    tiered = ExtensionConfig().admission_gate(tiered=True)
+    ).admission_gate(64)
+    assert gate_ is not None and gate_.config == AdmissionConfig(
+        max_defer_s=20.0, lookahead_s=3.0, block_size=64
+    )
+    assert ExtensionConfig.from_mapping({"max_defer_s": 0}).admission_gate(64) is None
+    tiered = ExtensionConfig().admission_gate(64, tiered=True)
     assert tiered is not None and tiered.config.lookahead_s == 0.0
 
 
 def test_lookahead_zero_never_waits_for_a_due_branch() -> None:
     g = WarmFirstGate(AdmissionConfig(lookahead_s=0.0))
     g.arrived("cold", now=0.0)
-    assert not g.defer("cold", 40, now=0.1, warm_return_due=lambda: True)
+    assert not g.defer("cold", 40, now=0.1, warm_return_due=lambda within_s: True)
     g.arrived("warm", now=0.1, uncached_blocks=1)
     assert g.defer("cold", 40, now=0.2)  # shortest prefill first still applies
     with pytest.raises(ExtensionConfigError, match="defer_lookahead_s"):
         ExtensionConfig.from_mapping({"defer_lookahead_s": -1})
+
+
+def test_the_step_timer_learns_seconds_per_token_from_busy_steps() -> None:
+    t = StepTimer(smoothing=0.5)
+    assert t.seconds(1000) is None  # nothing timed yet
+    t.step(0.0, {"a": 1000})
+    t.step(0.1, {"a": 1000, "b": 8})  # "a" ran on: the engine was busy
+    assert t.seconds_per_token == pytest.approx(1e-4)
+    t.step(0.4, {"b": 8})  # 1,008 tokens in 0.3 s
+    assert t.seconds_per_token == pytest.approx(0.5 * 1e-4 + 0.5 * 0.3 / 1008)
+    learned = t.seconds_per_token
+    t.step(9.0, {"c": 1000})  # too few tokens before: mostly fixed overhead
+    t.step(20.0, {"d": 1000})  # nothing ran on from the previous step: it may have idled
+    t.step(20.0, {"d": 1000})  # no time passed
+    assert t.seconds_per_token == learned
+    assert t.seconds(2000) == pytest.approx(2000 * learned)
+
+
+def test_a_due_branch_holds_back_only_a_prefill_it_would_queue_behind() -> None:
+    """The window around a due return is the held prefill's own duration, as
+    the engine's steps measure it, capped by ``lookahead_s``."""
+    g = WarmFirstGate(AdmissionConfig(lookahead_s=2.5, block_size=64))
+    assert g.lookahead(40) == 2.5  # untimed: the cap
+    g.step(0.0, {"a": 2048})
+    g.step(0.2, {"a": 2048})  # ~1e-4 s per token
+    assert g.lookahead(40) == pytest.approx(40 * 64 * 0.2 / 2048)
+    assert g.lookahead(10_000) == 2.5
+    off = WarmFirstGate(AdmissionConfig(lookahead_s=0.0))
+    off.step(0.0, {"a": 2048})
+    off.step(0.2, {"a": 2048})
+    assert off.timer.seconds_per_token is None and off.lookahead(40) == 0.0
+    g.arrived("cold", now=0.0)
+    asked: list[float] = []
+    assert g.defer("cold", 40, now=0.3, warm_return_due=lambda s: asked.append(s) or True)
+    assert asked == [pytest.approx(0.25)]
+
+
+@pytest.mark.parametrize(("seconds_per_step", "held"), [(0.001, False), (1.0, True)])
+def test_the_engine_times_its_steps_for_the_gate(seconds_per_step: float, held: bool) -> None:
+    """A branch due back 0.1 s ago holds a 30-block cold prefill on an engine
+    that takes 1 s per 1,000 tokens (the prefill: ~0.5 s), not on one 1,000
+    times faster (~0.5 ms: the branch is not coming back within it)."""
+    engine, now, due = engine_with_a_retained_branch()
+    assert not engine.request_added("busy", None)
+    engine.request_scheduled("busy")
+    now[0] = due - 1.0
+    engine.step_scheduled({"busy": 1000})
+    now[0] += seconds_per_step
+    engine.step_scheduled({"busy": 1000})
+    assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
+    now[0] = due + 0.1
+    assert engine.defers("c1", 30) is held

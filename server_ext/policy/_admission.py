@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,18 +14,62 @@ class AdmissionConfig:
         max_defer_s: Longest a request is held back after it arrived (0: never).
         min_gain_blocks: Defer only for a request at least this many uncached
             blocks cheaper (smaller gains are not worth reordering for).
-        lookahead_s: A retained branch expected back within this many seconds
-            (before or after now) counts as due; 0: due branches never hold a
-            request back (e.g. when a KV tier makes their return cheap anyway).
+        lookahead_s: A retained branch expected back (before or after now)
+            within the time the held request's prefill would take, as the
+            engine's steps measure it, and at most this many seconds, counts
+            as due; 0: due branches never hold a request back (e.g. when a KV
+            tier makes their return cheap anyway).
+        block_size: Tokens per KV block (to time a prefill of so many blocks).
     """
 
     max_defer_s: float = 10.0
     min_gain_blocks: int = 4
     lookahead_s: float = 2.5
+    block_size: int = 16
 
     def __post_init__(self) -> None:
         if self.max_defer_s < 0 or self.min_gain_blocks < 1 or self.lookahead_s < 0:
             raise ValueError("max_defer_s and lookahead_s must be >= 0 and min_gain_blocks >= 1")
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+
+
+_MIN_TIMED_TOKENS = 256
+"""Steps with fewer tokens are mostly fixed per-step overhead (decodes): not timed."""
+
+
+@dataclass(slots=True)
+class StepTimer:
+    """Seconds the engine takes per scheduled token, learned from its steps.
+
+    A step is timed by the interval to the next ``step`` call (the scheduler
+    fills a step right after the previous one ran), and only when it carried
+    at least ``_MIN_TIMED_TOKENS`` and one of its requests is scheduled again
+    in the next: otherwise the engine may have idled in between.
+
+    Invariant: ``seconds_per_token`` is None until a step was timed, then an
+    exponential average (weight ``smoothing`` per step) of the timed steps.
+    """
+
+    smoothing: float = 0.2
+    seconds_per_token: float | None = None
+    _last: tuple[float, int, frozenset[str]] | None = field(default=None, repr=False)
+
+    def step(self, now: float, scheduled: Mapping[str, int]) -> None:
+        """A step was filled at ``now`` with ``scheduled`` (tokens per request)."""
+        if self._last is not None:
+            started, tokens, ids = self._last
+            if tokens >= _MIN_TIMED_TOKENS and now > started and not ids.isdisjoint(scheduled):
+                sample = (now - started) / tokens
+                last = self.seconds_per_token
+                a = self.smoothing
+                self.seconds_per_token = sample if last is None else (1 - a) * last + a * sample
+        self._last = (now, sum(scheduled.values()), frozenset(scheduled))
+
+    def seconds(self, tokens: int) -> float | None:
+        """How long ``tokens`` of prefill take; None until a step was timed."""
+        spt = self.seconds_per_token
+        return None if spt is None else spt * tokens
 
 
 class WarmFirstGate:
@@ -44,9 +88,13 @@ class WarmFirstGate:
     when it would fit beside the due branch: a long prefill occupies the
     engine for seconds, so the due request would wait behind it and more
     branches fall due meanwhile. Deferring only on a capacity shortfall
-    measured 60% reuse instead of 74% on the trace benchmark.) The engine asks
-    ``warm_return_due`` only while a real request runs: on an idle engine a
-    hold saves nothing and only delays.
+    measured 60% reuse instead of 74% on the trace benchmark.) A branch counts
+    as due only if it is expected back before the held prefill would be done
+    (``StepTimer``, at most ``lookahead_s``): one due later loses nothing to the
+    prefill, and on an engine whose prefills are fast, holding for it cost more
+    mean TTFT than the recompute it saved. The engine asks ``warm_return_due``
+    only while a real request runs: on an idle engine a hold saves nothing and
+    only delays.
 
     Pure and synchronous, driven by the adapter's scheduler events and an
     explicit ``now``. Invariants:
@@ -60,6 +108,7 @@ class WarmFirstGate:
 
     def __init__(self, config: AdmissionConfig | None = None) -> None:
         self.config = config or AdmissionConfig()
+        self.timer = StepTimer()
         self._waiting: dict[str, tuple[float, int | None]] = {}
         self.deferrals = 0
 
@@ -72,19 +121,33 @@ class WarmFirstGate:
         estimate (e.g. its prompt past its branch's retained blocks)."""
         self._waiting[request_id] = (now, uncached_blocks)
 
+    def step(self, now: float, scheduled: Mapping[str, int]) -> None:
+        """The scheduler filled a step at ``now`` (tokens per request): time it."""
+        if self.config.lookahead_s > 0:
+            self.timer.step(now, scheduled)
+
+    def lookahead(self, uncached_blocks: int) -> float:
+        """How far from now a retained branch's return holds back a prefill
+        of ``uncached_blocks``: its duration, at most ``lookahead_s`` (all of
+        it until a step was timed)."""
+        cap = self.config.lookahead_s
+        seconds = self.timer.seconds(uncached_blocks * self.config.block_size)
+        return cap if seconds is None else min(cap, seconds)
+
     def defer(
         self,
         request_id: str,
         uncached_blocks: int,
         now: float,
-        warm_return_due: Callable[[], bool] = lambda: False,
+        warm_return_due: Callable[[float], bool] = lambda within_s: False,
     ) -> bool:
         """The scheduler considers ``request_id``, which would compute
         ``uncached_blocks``: should it wait this step for a cheaper request?
 
-        ``warm_return_due`` says whether a retained branch is due back about
-        now: its request will be nearly free, so it counts as a waiting one
-        that needs no blocks (admitting a cold prefill first would evict it).
+        ``warm_return_due(within_s)`` says whether a retained branch is due
+        back within ``within_s`` of now (``lookahead``): its request will be
+        nearly free, so it counts as a waiting one that needs no blocks
+        (admitting a cold prefill first would evict it, or make it queue).
         It is asked only when the answer matters.
         """
         entry = self._waiting.get(request_id)
@@ -105,8 +168,10 @@ class WarmFirstGate:
             and uncached_blocks - cheapest >= self.config.min_gain_blocks
             and 2 * cheapest <= uncached_blocks
         )
-        if not (cheaper or (self.config.lookahead_s > 0 and warm_return_due())):
-            return False
+        if not cheaper:
+            within_s = self.lookahead(uncached_blocks)
+            if within_s <= 0 or not warm_return_due(within_s):
+                return False
         self.deferrals += 1
         return True
 
