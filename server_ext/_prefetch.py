@@ -49,7 +49,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PREFETCHES = Counter(
     "agent_hints_prefetch",
     "Prefetch warm-ups: issued, completed, failed; cancelled (the branch came back "
-    "or ended first), skipped (past its return window, or its request was forgotten)",
+    "or ended first), skipped (past its return window, or its request was forgotten); "
+    "rearmed (due again: the branch was still away at its deadline)",
     labelnames=["result"],
 )
 
@@ -213,6 +214,9 @@ class Prefetcher:
         now = self._clock()
         for key in self.planner.due(now):
             self._ready[key] = None
+            plan = self.planner.plan(key)
+            if plan is not None and plan.rearms:
+                PREFETCHES.labels("rearmed").inc()
         ranked: list[tuple[float, BranchKey]] = []
         for key in self._ready:
             plan = self.planner.plan(key)
