@@ -49,8 +49,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PREFETCHES = Counter(
     "agent_hints_prefetch",
     "Prefetch warm-ups: issued, completed, failed; cancelled (the branch came back "
-    "or ended first), skipped (past its return window, or its request was forgotten); "
-    "rearmed (due again: the branch was still away at its deadline)",
+    "or ended first), skipped (past its return window, or its request was forgotten)",
     labelnames=["result"],
 )
 
@@ -214,9 +213,6 @@ class Prefetcher:
         now = self._clock()
         for key in self.planner.due(now):
             self._ready[key] = None
-            plan = self.planner.plan(key)
-            if plan is not None and plan.rearms:
-                PREFETCHES.labels("rearmed").inc()
         ranked: list[tuple[float, BranchKey]] = []
         for key in self._ready:
             plan = self.planner.plan(key)

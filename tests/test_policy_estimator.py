@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from statistics import NormalDist
 
 import pytest
 
@@ -13,7 +12,6 @@ from server_ext.policy import (
     EstimatorConfig,
     GapEstimator,
     PolicyConfig,
-    Prediction,
     RetentionPolicy,
     median_given_elapsed,
 )
@@ -152,22 +150,3 @@ def test_the_longer_a_branch_is_away_the_later_it_is_expected_back() -> None:
     far = [median_given_elapsed(1.0, 1.0, e) for e in (1e3, 1e4, 1e5)]  # 7-12 sigma out
     assert far == sorted(far) and math.inf not in far
     assert median_given_elapsed(1.0, 0.1, 1e6) == math.inf  # beyond the fit
-
-
-def test_a_prediction_given_elapsed_keeps_its_deadline_quantile() -> None:
-    pred = GapEstimator().predict("A", "s", None, 2.0)
-    assert pred.given_elapsed(0.0) == pred
-    later = [pred.given_elapsed(e) for e in (1.0, 4.0, 16.0)]
-    assert [p.expected_s for p in later] == sorted(p.expected_s for p in later)
-    assert all(
-        e < p.expected_s < p.deadline_s for e, p in zip((1.0, 4.0, 16.0), later, strict=True)
-    )
-    # The deadline is the same quantile of what remains: at the median (2 s),
-    # 90% of the remaining half returns by the 95th percentile of the whole.
-    at_median = pred.given_elapsed(pred.expected_s)
-    z90 = math.log(pred.deadline_s / pred.expected_s) / pred.spread
-    z95 = NormalDist().inv_cdf(1 - 0.5 * (1 - NormalDist().cdf(z90)))
-    assert at_median.deadline_s == pytest.approx(pred.expected_s * math.exp(z95 * pred.spread))
-    certain = Prediction(expected_s=2.0, deadline_s=2.0)
-    assert certain.given_elapsed(5.0) == Prediction(expected_s=5.0, deadline_s=5.0)
-    assert math.isinf(Prediction(1.0, 1.2, 0.1).given_elapsed(1e6).deadline_s)  # beyond the fit

@@ -77,7 +77,7 @@ class Downstream:
 def counts() -> dict[str, float]:
     return {
         r: PREFETCHES.labels(r)._value.get()
-        for r in ("issued", "completed", "cancelled", "skipped", "failed", "rearmed")
+        for r in ("issued", "completed", "cancelled", "skipped", "failed")
     }
 
 
@@ -125,14 +125,11 @@ async def request(
 def run(
     test: Callable[[Prefetcher, Downstream, Clock], Coroutine[Any, Any, None]],
     timeout_s: float = 60.0,
-    max_rearms: int = 2,
 ) -> None:
     async def main() -> None:
         clock = Clock()
         app = Downstream()
-        planner = PrefetchPlanner(
-            clock=clock, margin_s=0.5, seconds_per_token=0.001, max_rearms=max_rearms
-        )
+        planner = PrefetchPlanner(clock=clock, margin_s=0.5, seconds_per_token=0.001)
         prefetcher = Prefetcher(  # tests call step()
             app, planner, clock=clock, interval_s=3600, timeout_s=timeout_s
         )
@@ -172,27 +169,7 @@ def test_warmup_replays_the_last_request_as_one_token() -> None:
         assert p.planner.lead_time(1000) < 1.5
         clock.now = 20.0
         await p.step()
-        assert len(app.warmups) == 1  # once per plan: planned again only past its deadline
-
-    run(scenario)
-
-
-def test_a_branch_still_away_at_its_deadline_is_warmed_again() -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
-        before = counts()
-        await request(p, lowered(), BRANCH)
-        clock.now = 9.5
-        await p.step()
-        plan = p.planner.plan(KEY)
-        assert len(app.warmups) == 1 and plan is not None
-        clock.now = plan.deadline  # no return: planned again, later
-        await p.step()
-        again = p.planner.plan(KEY)
-        assert again is not None and again.rearms == 1 and again.expected_return > clock.now
-        clock.now = again.warm_at
-        await p.step()
-        assert len(app.warmups) == 2
-        assert delta(before) == {"issued": 2, "completed": 2, "rearmed": 1}
+        assert len(app.warmups) == 1  # once per departure
 
     run(scenario)
 
@@ -343,7 +320,7 @@ def test_tool_start_eta_moves_the_warmup_and_late_ones_are_skipped() -> None:
         assert app.warmups == []
         assert delta(before) == {"skipped": 1}
 
-    run(scenario, max_rearms=0)  # with re-arms left, it would be planned again instead
+    run(scenario)
 
 
 def test_failed_requests_and_unhinted_bodies_plan_nothing() -> None:

@@ -81,22 +81,6 @@ def test_warmup_is_not_a_return_and_retains_again() -> None:
     assert estimate.expected_s > 8.0
 
 
-def test_a_late_warmup_is_held_while_its_return_is_still_likely() -> None:
-    """A warm-up planned again past the branch's first deadline (heavy tails)
-    is held from then on, not released at once as overdue."""
-    e, _, clock = engine()
-    run(e, "r1", [1, 2, 3])
-    first = e.policy.retention(KEY)
-    assert first is not None
-    e.make_room(3)
-    clock.now = first.deadline + 30.0  # still away, long past the first deadline
-    run(e, "w1", [4, 5, 6], prefetch=True)
-    warmed = e.policy.retention(KEY)
-    assert warmed is not None and warmed.deadline > clock.now + 5.0
-    e.step_scheduled({})
-    assert e.stats.held_blocks == 3  # not expired
-
-
 def test_end_while_warming_cancels_its_retention() -> None:
     e, pool, _ = engine()
     run(e, "r1", [1, 2])

@@ -76,38 +76,6 @@ def test_tool_start_eta_moves_the_warmup_and_rearms_it() -> None:
     assert p.due(34.5) == [A]
 
 
-def test_a_branch_still_away_at_its_deadline_is_planned_again_later() -> None:
-    """Heavy tails: a warm-up at the median came too early for a long gap, so
-    at the deadline the branch is planned again at its median given how long
-    it has been away, at most ``max_rearms`` times per absence."""
-    p, _ = planner(max_rearms=2)
-    first = p.depart(A, 0.0, gap_hint=2.0)  # lead time: the 0.5 s margin
-    assert p.due(first.warm_at) == [A]
-    assert p.due(first.deadline - 0.01) == []
-    assert p.due(first.deadline) == []  # re-armed, not due yet
-    second = p.plan(A)
-    assert second is not None and (second.fired, second.rearms) == (False, 1)
-    assert first.deadline < second.expected_return < second.deadline
-    assert second.warm_at == pytest.approx(second.expected_return - 0.5)
-    assert p.due(second.warm_at) == [A]
-    assert p.due(second.deadline) == []
-    third = p.plan(A)
-    assert third is not None and third.rearms == 2 and third.expected_return > second.deadline
-    assert p.due(third.warm_at) == [A]
-    assert p.due(third.deadline + 1e6) == []  # no re-arms left
-    assert p.stats.fired == 3 and p.stats.rearmed == 2
-    p.returned(A, third.deadline + 1e6)
-    assert p.stats.early_returns == 0  # it had warm-ups, just too early
-    p.depart(A, 0.0, gap_hint=2.0)
-    p.tool_start(A, eta=5.0, now=1.0)  # a new absence: re-arms start over
-    assert p.plan(A).rearms == 0  # type: ignore[union-attr]
-    never = planner(max_rearms=0)[0]
-    plan = never.depart(A, 0.0, gap_hint=2.0)
-    assert never.due(plan.warm_at) == [A]
-    assert never.due(plan.deadline + 100.0) == []
-    assert never.plan(A).fired  # type: ignore[union-attr]
-
-
 def test_tool_end_makes_it_due_at_once() -> None:
     p, _ = planner()
     p.depart(A, 0.0, gap_hint=60.0)
@@ -175,5 +143,3 @@ def test_invalid_arguments() -> None:
         PrefetchPlanner(max_branches=0)
     with pytest.raises(ValueError):
         PrefetchPlanner(smoothing=0.0)
-    with pytest.raises(ValueError, match="max_rearms"):
-        PrefetchPlanner(max_rearms=-1)

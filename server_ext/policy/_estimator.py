@@ -38,20 +38,6 @@ class Prediction:
         """This gap, begun at ``since``."""
         return ReturnPlan(since, self.expected_s, self.spread)
 
-    def given_elapsed(self, elapsed_s: float) -> Prediction:
-        """This prediction for a gap that has lasted ``elapsed_s`` so far: the
-        median and the deadline's quantile of the rest of the distribution
-        (times still from the gap's start; infinite where the fit gives the
-        branch no chance of still being away)."""
-        if self.spread <= 0 or self.expected_s <= 0:
-            return Prediction(max(self.expected_s, elapsed_s), max(self.deadline_s, elapsed_s))
-        quantile = _STANDARD.cdf(math.log(self.deadline_s / self.expected_s) / self.spread)
-        return Prediction(
-            expected_s=quantile_given_elapsed(self.expected_s, self.spread, elapsed_s),
-            deadline_s=quantile_given_elapsed(self.expected_s, self.spread, elapsed_s, quantile),
-            spread=self.spread,
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class ReturnPlan:
@@ -84,24 +70,13 @@ def median_given_elapsed(median_s: float, spread: float, elapsed_s: float) -> fl
     infinite where the fit gives the branch no chance of still being away.)
     A ``spread`` of 0 means the return is certain at ``median_s``.
     """
-    return quantile_given_elapsed(median_s, spread, elapsed_s)
-
-
-def quantile_given_elapsed(
-    median_s: float, spread: float, elapsed_s: float, quantile: float = 0.5
-) -> float:
-    """The ``quantile`` of a log-normal gap (``median_s``, log-space
-    ``spread``) given that it has already lasted ``elapsed_s``
-    (``median_given_elapsed`` at 0.5)."""
-    if spread <= 0 or median_s <= 0:
+    if spread <= 0 or median_s <= 0 or elapsed_s <= 0:
         return max(median_s, elapsed_s)
-    survival = 1.0
-    if elapsed_s > 0:  # erfc keeps the far tail precise
-        survival = 0.5 * math.erfc(math.log(elapsed_s / median_s) / (spread * math.sqrt(2)))
-    remaining = (1.0 - quantile) * survival
-    if remaining <= 0.0:
+    # Half the chance of still being away (erfc keeps the far tail precise).
+    half_survival = 0.25 * math.erfc(math.log(elapsed_s / median_s) / (spread * math.sqrt(2)))
+    if half_survival <= 0.0:
         return math.inf
-    return median_s * math.exp(-spread * _STANDARD.inv_cdf(remaining))
+    return median_s * math.exp(-spread * _STANDARD.inv_cdf(half_survival))
 
 
 @dataclass(slots=True)

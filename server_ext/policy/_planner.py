@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._estimator import GapEstimator, Prediction
+from ._estimator import GapEstimator
 from ._keys import ROOT, BranchKey
 
 
@@ -24,15 +23,12 @@ class Plan:
             a warm-up after it is likely wasted.
         warm_at: When its warm-up should start (expected return - lead time).
         fired: ``due`` has handed it out since it was last (re)planned.
-        rearms: Times it was planned again because it was still away at its
-            deadline, since it left.
     """
 
     expected_return: float
     deadline: float
     warm_at: float
     fired: bool
-    rearms: int = 0
 
 
 @dataclass(slots=True)
@@ -45,11 +41,10 @@ class _Branch:
     deadline: float
     warm_at: float
     fired: bool = False
-    rearms: int = 0
     token: int = -1
 
     def view(self) -> Plan:
-        return Plan(self.expected_return, self.deadline, self.warm_at, self.fired, self.rearms)
+        return Plan(self.expected_return, self.deadline, self.warm_at, self.fired)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +54,6 @@ class PlannerStats:
     Args:
         tracked: Branches currently planned.
         fired: Warm-ups handed out by ``due`` since creation.
-        rearmed: Of those, warm-ups of branches still away at their deadline.
         returns: Returns of planned branches (the sample behind the errors).
         early_returns: Of those, returns before their warm-up was handed out.
         mean_abs_error_s: Mean |actual - predicted return| over ``returns``.
@@ -69,7 +63,6 @@ class PlannerStats:
 
     tracked: int
     fired: int
-    rearmed: int
     returns: int
     early_returns: int
     mean_abs_error_s: float
@@ -92,22 +85,14 @@ class PrefetchPlanner:
     tool from the returns reported here); its warm-up time is that minus the
     lead time a warm-up of its size takes (``lead_time``).
 
-    Gaps are heavy-tailed, so a warm-up at the median often comes too early
-    for a long one, and its KV is gone again by the return. A branch still
-    away at its deadline is planned again (at most ``max_rearms`` times per
-    absence), at its median given how long it has been away: each re-plan is
-    later than the last.
-
     Invariants, true after every public call:
       - At most ``max_branches`` branches are tracked (least recently
         departed or updated dropped first), with one ``_sessions`` entry each.
-      - Every tracked branch has exactly one valid heap entry (its
-        ``token``) while it has something due: at its ``warm_at`` until it
-        fires, then at its ``deadline`` while it has re-arms left. Other
-        entries are stale and skipped, and the heap is rebuilt when they
-        outnumber live ones.
-      - ``due`` hands each plan out at most once; a re-plan (``depart``,
-        ``tool_start``, or a re-arm at the deadline) arms it again.
+      - Every tracked branch not yet fired has exactly one valid heap entry
+        (its ``token``) at its ``warm_at``; other entries are stale and
+        skipped, and the heap is rebuilt when they outnumber live ones.
+      - ``due`` hands each plan out at most once; only a re-plan
+        (``depart``, ``tool_start``) arms it again.
 
     Args:
         estimator: Gap estimator (default: a new one).
@@ -116,7 +101,6 @@ class PrefetchPlanner:
         margin_s: Added to every lead time (scheduling and HTTP overhead).
         seconds_per_token: Initial warm-up cost, seconds per prompt token.
         smoothing: EWMA weight of each measured warm-up.
-        max_rearms: Re-plans per absence of a branch still away at its deadline.
     """
 
     def __init__(
@@ -128,10 +112,9 @@ class PrefetchPlanner:
         margin_s: float = 0.25,
         seconds_per_token: float = 1e-4,
         smoothing: float = 0.3,
-        max_rearms: int = 2,
     ) -> None:
-        if max_branches < 1 or margin_s < 0 or seconds_per_token < 0 or max_rearms < 0:
-            raise ValueError("max_branches must be >= 1, margin, cost and max_rearms >= 0")
+        if max_branches < 1 or margin_s < 0 or seconds_per_token < 0:
+            raise ValueError("max_branches must be >= 1, margin and cost >= 0")
         if not 0 < smoothing <= 1:
             raise ValueError("smoothing must be in (0, 1]")
         self.estimator = estimator or GapEstimator()
@@ -140,13 +123,11 @@ class PrefetchPlanner:
         self._margin = margin_s
         self._spt = seconds_per_token
         self._smoothing = smoothing
-        self._max_rearms = max_rearms
         self._branches: OrderedDict[BranchKey, _Branch] = OrderedDict()
         self._sessions: dict[tuple[str, str], set[str]] = {}
         self._heap: list[tuple[float, int, BranchKey]] = []
         self._tokens = itertools.count()
         self._fired = 0
-        self._rearmed = 0
         self._returns = 0
         self._early = 0
         self._abs_error = 0.0
@@ -169,7 +150,6 @@ class PrefetchPlanner:
         return PlannerStats(
             tracked=len(self._branches),
             fired=self._fired,
-            rearmed=self._rearmed,
             returns=n,
             early_returns=self._early,
             mean_abs_error_s=self._abs_error / n if n else 0.0,
@@ -217,7 +197,7 @@ class PrefetchPlanner:
         self._branches.move_to_end(key)
         b.tool = tool if tool is not None else b.tool
         b.gap = eta if eta is not None else b.gap
-        b.fired, b.rearms = False, 0
+        b.fired = False
         self._replan(key, b, self._now(now))
 
     def tool_end(self, key: BranchKey, now: float | None = None) -> None:
@@ -243,7 +223,7 @@ class PrefetchPlanner:
         self._returns += 1
         self._error += error
         self._abs_error += abs(error)
-        self._early += not b.fired and not b.rearms
+        self._early += not b.fired
 
     def ended(self, key: BranchKey) -> None:
         """``key`` ended (its whole session on the root branch): stop planning."""
@@ -255,24 +235,16 @@ class PrefetchPlanner:
         self.estimator.forget_session(key.tenant, key.sid)
 
     def due(self, now: float | None = None) -> list[BranchKey]:
-        """Branches whose warm-up time has come, each once per plan, earliest
-        return first (re-arming those still away at their deadline)."""
+        """Branches whose warm-up time has come, each once, earliest return first."""
         now = self._now(now)
         fired: list[tuple[float, BranchKey]] = []
         heap = self._heap
         while heap and heap[0][0] <= now:
             _, token, key = heapq.heappop(heap)
             b = self._branches.get(key)
-            if b is None or b.token != token:
-                continue
-            if b.fired:  # still away at its deadline: plan it again
-                self._rearm(key, b, now)
-                continue
-            b.fired = True
-            fired.append((b.expected_return, key))
-            self._rearmed += b.rearms > 0
-            if b.rearms < self._max_rearms:
-                self._schedule(key, b)
+            if b is not None and b.token == token and not b.fired:
+                b.fired = True
+                fired.append((b.expected_return, key))
         self._fired += len(fired)
         return [key for _, key in sorted(fired, key=lambda f: f[0])]
 
@@ -291,44 +263,18 @@ class PrefetchPlanner:
         return self._clock() if now is None else now
 
     def _replan(self, key: BranchKey, b: _Branch, now: float) -> None:
-        self._set_plan(b, now, self._predict(key, b))
-        self._schedule(key, b)
-
-    def _rearm(self, key: BranchKey, b: _Branch, now: float) -> None:
-        pred = self._predict(key, b).given_elapsed(now - b.departed)
-        if not math.isfinite(pred.deadline_s):
-            return  # the fit gives it no chance of still being away: stop planning
-        b.fired = False
-        b.rearms += 1
-        self._set_plan(b, b.departed, pred)
-        self._schedule(key, b)
-
-    def _predict(self, key: BranchKey, b: _Branch) -> Prediction:
-        return self.estimator.predict(key.tenant, key.sid, b.tool, b.gap)
-
-    def _set_plan(self, b: _Branch, since: float, pred: Prediction) -> None:
-        b.expected_return = since + pred.expected_s
-        b.deadline = since + pred.deadline_s
+        pred = self.estimator.predict(key.tenant, key.sid, b.tool, b.gap)
+        b.expected_return = now + pred.expected_s
+        b.deadline = now + pred.deadline_s
         b.warm_at = b.expected_return - self.lead_time(b.tokens)
-
-    def _next_event(self, b: _Branch) -> float | None:
-        """When ``b`` has something due: its warm-up, or its re-arm check."""
-        if not b.fired:
-            return b.warm_at
-        return b.deadline if b.rearms < self._max_rearms else None
+        self._schedule(key, b)
 
     def _schedule(self, key: BranchKey, b: _Branch) -> None:
-        """Make a fresh heap entry (at ``_next_event``) ``b``'s only valid one."""
-        at = self._next_event(b)
-        assert at is not None
+        """Make a fresh heap entry ``b``'s only valid one."""
         b.token = next(self._tokens)
-        heapq.heappush(self._heap, (at, b.token, key))
+        heapq.heappush(self._heap, (b.warm_at, b.token, key))
         if len(self._heap) > 2 * len(self._branches) + 64:
-            self._heap = [
-                (when, x.token, k)
-                for k, x in self._branches.items()
-                if (when := self._next_event(x)) is not None
-            ]
+            self._heap = [(x.warm_at, x.token, k) for k, x in self._branches.items() if not x.fired]
             heapq.heapify(self._heap)
 
     def _forget(self, key: BranchKey) -> None:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
 from ._config import PolicyConfig
-from ._estimator import MIN_GAP_S, GapEstimator, Prediction, ReturnPlan
+from ._estimator import MIN_GAP_S, GapEstimator, ReturnPlan
 from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent
 from ._keys import ROOT, BranchHints, BranchKey
 from ._ledger import BlockLedger
@@ -385,22 +385,17 @@ class RetentionPolicy:
         since: _Departure | None = None,
     ) -> _Window:
         """The predicted return of a branch leaving for a tool at ``now``, or
-        of one that left as ``since`` says (kept: its plan and its tool; held
-        while its return is still likely given how long it has been away, so
-        a warm-up planned again past the first deadline is held too)."""
+        of one that left as ``since`` says (kept: its plan and its tool)."""
         c = self.config
         pred = self.estimator.predict(
             key.tenant, key.sid, tool if since is None else since.tool, gap
         )
-
-        def hold(p: Prediction) -> float:
-            held = max(p.deadline_s * c.gap_slack, c.min_retain_s)
-            return min(held, c.default_ttl_s) if gap is None and ttl is None else held
-
+        hold = max(pred.deadline_s * c.gap_slack, c.min_retain_s)
+        if gap is None and ttl is None:
+            hold = min(hold, c.default_ttl_s)
         if since is None:
-            return _Window(pred.plan(now), min(now + hold(pred), horizon))
-        away = pred.given_elapsed(now - since.at)
-        return _Window(since.plan, min(max(since.at + hold(away), now), horizon))
+            return _Window(pred.plan(now), min(now + hold, horizon))
+        return _Window(since.plan, min(max(since.at + hold, now), horizon))
 
     def _learn_return(self, key: BranchKey, now: float) -> None:
         departed = self._pending.pop(key, None)
