@@ -247,6 +247,11 @@ class EngineRetention:
         """Times a long cold prefill was passed over for a cheaper request."""
         return self._gate.deferrals if self._gate is not None else 0
 
+    @property
+    def prefill_seconds_per_token(self) -> float | None:
+        """The engine's step time per token as the gate timed it (None: untimed)."""
+        return self._gate.timer.seconds_per_token if self._gate is not None else None
+
     @_contained(False)
     def request_added(
         self,

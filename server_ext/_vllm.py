@@ -161,7 +161,7 @@ class AgentHintsStats(KVConnectorStats):
 
     data: dict[str, Any] = field(default_factory=dict)
 
-    GAUGES = ("held_blocks", "retained_branches", "tier_bytes")
+    GAUGES = ("held_blocks", "retained_branches", "tier_bytes", "prefill_seconds_per_token")
 
     def reset(self) -> None:
         self.data = {}
@@ -208,6 +208,8 @@ _GAUGES = {
     "held_blocks": "KV blocks held for idle agent branches",
     "retained_branches": "Agent branches whose KV is retained",
     "tier_bytes": "Bytes of KV blocks in the tier (as the scheduler accounts them)",
+    "prefill_seconds_per_token": "Engine seconds per scheduled token, timed on its steps "
+    "(scales warm-first admission's window; 0 until timed)",
 }
 # The scheduler waits on a shared-store lookup; a normal one takes under 1 ms.
 _PROBE_TIMEOUT_S = 0.05
@@ -330,7 +332,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         self._total_blocks = int(kv_cache_config.num_blocks)
         self._block_size = int(vllm_config.cache_config.block_size)
         self._retention: EngineRetention | None = None
-        self._reported: dict[str, int] = {}
+        self._reported: dict[str, float] = {}
         # Tier, scheduler side: the planner and the requests it tracks.
         self._planner: TierPlanner | None = None
         self._tier_requests: dict[str, Request] = {}
@@ -545,12 +547,14 @@ class AgentHintsConnector(KVConnectorBase_V1):
     # -- metrics
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        now: dict[str, int] = {}
+        now: dict[str, float] = {}
         if self._retention is not None:
             now.update(dataclasses.asdict(self._retention.stats))
             now["faults"] = self._retention.faults
             now["deferrals"] = self._retention.deferrals
             now["warmup_yields"] = self._warmup_yields
+            if (seconds := self._retention.prefill_seconds_per_token) is not None:
+                now["prefill_seconds_per_token"] = seconds
         if self._planner is not None:
             counters = dataclasses.asdict(self._planner.counters)
             now.update({f"tier_{name}": value for name, value in counters.items()})

@@ -309,3 +309,17 @@ def test_reset_prefix_cache_releases_retention_first(ext_server: LocalServer) ->
     assert complete(ext_server, tokens(95)) == 0  # really gone from the cache
     # The reset ran no engine step; the request above carried the stats out.
     assert wait_metric(ext_server, "agent_hints_held_blocks", 0) == 0
+
+
+def test_the_engine_times_its_steps_for_warm_first_admission(ext_server: LocalServer) -> None:
+    """The gate's window around a due return is the held prefill's duration:
+    a 1,024-token prefill step, then that request's decode step, times the
+    engine in seconds per token (/metrics)."""
+    complete(ext_server, tokens(40), max_tokens=4)
+    deadline = time.monotonic() + 20.0
+    while (seconds := metric(ext_server, "agent_hints_prefill_seconds_per_token")) == 0.0:
+        assert time.monotonic() < deadline, "no step timed"
+        time.sleep(0.25)
+        complete(ext_server, [7, 8, 9])  # engine stats reach /metrics with a step
+    # A CPU runs a tiny model's 1,024-token step in milliseconds to a second.
+    assert 1e-7 < seconds < 1e-3
