@@ -71,6 +71,7 @@ _ORACLE_NOTE = "hints: ORACLE (the trace's true next waits): a diagnostic, not a
 SAMPLED = (
     "agent_hints_held_blocks",
     "agent_hints_retained_branches",
+    "agent_hints_prefill_seconds_per_token",
     "vllm:kv_cache_usage_perc",
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
