@@ -206,6 +206,8 @@ def test_the_step_timer_learns_seconds_per_token_from_busy_steps() -> None:
     t.step(20.0, {"d": 1000})  # no time passed
     assert t.seconds_per_token == learned
     assert t.seconds(2000) == pytest.approx(2000 * learned)
+    with pytest.raises(ValueError, match="smoothing"):
+        StepTimer(smoothing=0.0)
 
 
 def test_a_due_branch_holds_back_only_a_prefill_it_would_queue_behind() -> None:

@@ -19,7 +19,8 @@ class AdmissionConfig:
             engine's steps measure it, and at most this many seconds, counts
             as due; 0: due branches never hold a request back (e.g. when a KV
             tier makes their return cheap anyway).
-        block_size: Tokens per KV block (to time a prefill of so many blocks).
+        block_size: Tokens per KV block (to time a prefill of so many blocks;
+            the default is vLLM's).
     """
 
     max_defer_s: float = 10.0
@@ -53,7 +54,11 @@ class StepTimer:
 
     smoothing: float = 0.2
     seconds_per_token: float | None = None
-    _last: tuple[float, int, frozenset[str]] | None = field(default=None, repr=False)
+    _last: tuple[float, int, frozenset[str]] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.smoothing <= 1:
+            raise ValueError("smoothing must be in (0, 1]")
 
     def step(self, now: float, scheduled: Mapping[str, int]) -> None:
         """A step was filled at ``now`` with ``scheduled`` (tokens per request)."""
