@@ -20,6 +20,11 @@ from server_ext.policy import (
 )
 
 
+def due(within_s: float) -> bool:
+    """A ``warm_return_due`` for which some retained branch is always due."""
+    return True
+
+
 def gate(max_defer_s: float = 10.0) -> WarmFirstGate:
     return WarmFirstGate(AdmissionConfig(max_defer_s=max_defer_s, min_gain_blocks=4))
 
@@ -113,11 +118,9 @@ def test_a_retained_branch_due_back_counts_as_a_free_waiting_request() -> None:
     g = gate(max_defer_s=5.0)
     g.arrived("cold", now=0.0)
     assert not g.defer("cold", 40, now=0.1)
-    assert g.defer("cold", 40, now=0.2, warm_return_due=lambda within_s: True)
-    assert not g.defer(
-        "cold", 3, now=0.3, warm_return_due=lambda within_s: True
-    )  # too small to matter
-    assert not g.defer("cold", 40, now=5.0, warm_return_due=lambda within_s: True)  # its bound
+    assert g.defer("cold", 40, now=0.2, warm_return_due=due)
+    assert not g.defer("cold", 3, now=0.3, warm_return_due=due)  # too small to matter
+    assert not g.defer("cold", 40, now=5.0, warm_return_due=due)  # its bound
 
 
 def test_the_policy_says_when_a_retained_branch_is_due() -> None:
@@ -185,7 +188,7 @@ def test_the_operator_sets_the_admission_bounds() -> None:
 def test_lookahead_zero_never_waits_for_a_due_branch() -> None:
     g = WarmFirstGate(AdmissionConfig(lookahead_s=0.0))
     g.arrived("cold", now=0.0)
-    assert not g.defer("cold", 40, now=0.1, warm_return_due=lambda within_s: True)
+    assert not g.defer("cold", 40, now=0.1, warm_return_due=due)
     g.arrived("warm", now=0.1, uncached_blocks=1)
     assert g.defer("cold", 40, now=0.2)  # shortest prefill first still applies
     with pytest.raises(ExtensionConfigError, match="defer_lookahead_s"):

@@ -48,8 +48,10 @@ class StepTimer:
     at least ``_MIN_TIMED_TOKENS`` and one of its requests is scheduled again
     in the next: otherwise the engine may have idled in between.
 
-    Invariant: ``seconds_per_token`` is None until a step was timed, then an
-    exponential average (weight ``smoothing`` per step) of the timed steps.
+    Invariants: ``seconds_per_token`` is None until a step was timed, then an
+    exponential average (weight ``smoothing`` per step) of the timed steps;
+    ``_last`` is the previous step if it carried at least ``_MIN_TIMED_TOKENS``,
+    else None.
     """
 
     smoothing: float = 0.2
@@ -64,12 +66,14 @@ class StepTimer:
         """A step was filled at ``now`` with ``scheduled`` (tokens per request)."""
         if self._last is not None:
             started, tokens, ids = self._last
-            if tokens >= _MIN_TIMED_TOKENS and now > started and not ids.isdisjoint(scheduled):
+            if now > started and not ids.isdisjoint(scheduled):
                 sample = (now - started) / tokens
                 last = self.seconds_per_token
                 a = self.smoothing
                 self.seconds_per_token = sample if last is None else (1 - a) * last + a * sample
-        self._last = (now, sum(scheduled.values()), frozenset(scheduled))
+        tokens = sum(scheduled.values())
+        # Only a step that will be timed keeps its requests (no copy per decode step).
+        self._last = (now, tokens, frozenset(scheduled)) if tokens >= _MIN_TIMED_TOKENS else None
 
     def seconds(self, tokens: int) -> float | None:
         """How long ``tokens`` of prefill take; None until a step was timed."""
