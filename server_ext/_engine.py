@@ -314,7 +314,7 @@ class EngineRetention:
             return False
         now, uncached_blocks = self._clock(), max(uncached_blocks, 0)
         if entry.prefetch:
-            return self._warmup_waits(entry.key, uncached_blocks, now)
+            return self._warmup_waits(entry, uncached_blocks, now)
         if self._gate is None:
             return False
 
@@ -323,14 +323,20 @@ class EngineRetention:
 
         return self._gate.defer(request_id, uncached_blocks, now, return_due)
 
-    def _warmup_waits(self, key: BranchKey, uncached_blocks: int, now: float) -> bool:
+    def _warmup_waits(self, warmup: _Tracked, uncached_blocks: int, now: float) -> bool:
         if any(_prefilling(p) for p in self._real.values()):
             return True
         short = uncached_blocks - self._pool.free_blocks()
         if short <= 0:
             return False
-        due = self.policy.next_return(key, now)
-        return due is not None and short > self.policy.releasable_for(due, now, key)
+        due = self._warmup_due(warmup, now)
+        return due is None or short > self.policy.releasable_for(due, now, warmup.key)
+
+    def _warmup_due(self, warmup: _Tracked, now: float) -> float | None:
+        """When a warm-up's branch is expected back; None when it is not (the
+        warm-up is obsolete, or its branch ended or already came back): such a
+        warm-up may use free blocks but takes none from a retention."""
+        return None if warmup.obsolete else self.policy.next_return(warmup.key, now)
 
     @_contained(None)
     def request_scheduled(self, request_id: str) -> None:
@@ -411,14 +417,17 @@ class EngineRetention:
         branch is spared); False when nothing was left to release.
 
         A warm-up takes room only from branches due back after its own: a
-        prefetch never costs a branch that returns sooner its prefix.
+        prefetch never costs a branch that returns sooner its prefix, and one
+        whose branch is not expected (ended, or already back) takes none.
         """
         entry = self._keys.get(request_id) if request_id is not None else None
         if entry is None:
             actions = self.policy.make_room(max(blocks_needed, 1))
         else:
             now = self._clock()
-            due = self.policy.next_return(entry.key, now) if entry.prefetch else None
+            due = self._warmup_due(entry, now) if entry.prefetch else None
+            if entry.prefetch and due is None:
+                return False
             actions = self.policy.make_room(
                 max(blocks_needed, 1), now=now, spare=entry.key, sooner_than=due
             )

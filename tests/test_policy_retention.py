@@ -274,3 +274,25 @@ def test_expire_uses_the_injected_clock() -> None:
     now[0] = 10.0
     assert p.expire() == [Release(ROOT_A, BLOCKS, ReleaseReason.EXPIRED)]
     assert p.stats.expiries == 1 and p.held_blocks == 0
+
+
+def test_tool_events_of_an_evicted_branch_still_update_its_return() -> None:
+    p = policy()
+    retain(p, gap=5.0)
+    p.make_room(len(BLOCKS), now=1.0)
+    d = p.on_control("A", "s1", ToolStartEvent(tool="slow", eta=300.0), now=2.0)
+    assert (d.outcome, d.reason) == (Outcome.REJECTED, Reason.UNKNOWN_BRANCH)
+    assert p.next_return(ROOT_A, 2.0) == pytest.approx(302.0)
+    p.on_request_started(ROOT_A, now=302.0)  # the gap is learned under its tool
+    assert p.estimator.predict("A", "other", "slow", None).expected_s > 40.0  # prior: 10
+    retain(p, now=310.0, gap=5.0)
+    p.make_room(len(BLOCKS), now=311.0)
+    p.on_control("A", "s1", ToolEndEvent(), now=312.0)
+    assert p.next_return(ROOT_A, 312.0) == 312.0
+
+
+def test_tool_events_of_a_branch_never_seen_change_nothing() -> None:
+    p = policy()
+    d = p.on_control("A", "s1", ToolStartEvent(tool="slow", eta=300.0), now=2.0)
+    assert (d.outcome, d.reason) == (Outcome.REJECTED, Reason.UNKNOWN_BRANCH)
+    assert p.next_return(ROOT_A, 2.0) is None

@@ -265,3 +265,65 @@ def test_a_warmup_whose_branch_came_back_retains_nothing() -> None:
     assert e.stats.held_blocks == 0 and +pool.refs == Counter()
     e.request_finished("r2", [4, 5, 6])
     assert e.stats.held_blocks == 3
+
+
+def test_a_warmup_keeps_what_its_branch_still_holds() -> None:
+    e, pool, clock = engine()
+    run(e, "r1", [1, 2, 3, 4])  # the prompt [1, 2, 3] and its response's block 4
+    clock.now = 9.0
+    run(e, "w1", [1, 2, 3], prefetch=True)  # the replayed prompt lacks the response
+    held = e.policy.retention(KEY)
+    assert held is not None and held.block_ids == (1, 2, 3, 4)
+    assert +pool.refs == Counter({1: 1, 2: 1, 3: 1, 4: 1})
+
+
+def test_a_warmup_cancelled_in_the_queue_changes_nothing() -> None:
+    e, pool, clock = engine()
+    run(e, "r1", [1, 2, 3])
+    before = e.policy.retention(KEY)
+    clock.now = 9.0
+    assert e.request_added("w1", params(prefetch=True))
+    e.request_finished("w1", [])  # aborted before it was scheduled
+    assert e.policy.retention(KEY) is before
+    assert +pool.refs == Counter({1: 1, 2: 1, 3: 1}) and e.stats.replacements == 0
+
+
+def test_a_request_aborted_in_the_queue_leaves_its_branch_what_it_held() -> None:
+    e, pool, clock = engine()
+    run(e, "r1", [1, 2, 3])
+    clock.now = 9.0
+    assert e.request_added("r2", params())  # back, queued, then the client gives up
+    e.request_finished("r2", [])
+    held = e.policy.retention(KEY)
+    assert held is not None and held.block_ids == (1, 2, 3) and held.arrived_at is None
+    assert held.plan.since == 9.0  # away again from now
+    assert +pool.refs == Counter({1: 1, 2: 1, 3: 1})
+
+
+def test_a_warmup_that_ends_after_its_branch_arrived_keeps_it_the_last_victim() -> None:
+    e, pool, clock = engine()
+    run(e, "r1", [1, 2, 3])
+    assert e.request_added("w1", params(prefetch=True))
+    e.request_scheduled("w1")
+    clock.now = 9.0
+    assert e.request_added("r2", params())  # arrives (another API server) and queues
+    e.request_finished("w1", [1, 2, 3])
+    held = e.policy.retention(KEY)
+    assert held is not None and held.arrived_at == 9.0
+    assert e.request_added("other", other_params("o", 1.0))
+    e.request_finished("other", [7, 8])
+    assert e.make_room(2)  # the other branch goes first, though due back sooner
+    assert pool.refs[1] == 1 and pool.refs[7] == 0
+
+
+def test_a_warmup_whose_branch_is_not_expected_takes_no_room() -> None:
+    e, pool, _ = engine()
+    run(e, "r1", [1, 2, 3])  # session s, due back at ~10 s
+    assert e.request_added("late", other_params("late", 100.0))
+    e.request_finished("late", [30, 31, 32])
+    assert e.request_added("w1", params(prefetch=True))
+    e.control({"tenant": "t", "sid": "s", "events": [{"type": "end"}]})  # s ended
+    pool.free = 0
+    assert e.defers("w1", 3)
+    assert not e.make_room(3, "w1")
+    assert pool.refs[30] == 1 and e.stats.held_blocks == 3

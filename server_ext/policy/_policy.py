@@ -184,14 +184,22 @@ class RetentionPolicy:
         ``end`` releases the branch (the session on the root branch). A
         response with tool calls or a ``gap`` hint is retained, replacing an
         older retention of the branch; budgets may evict others or clip it.
+        A request that computed nothing (aborted in the queue) leaves the
+        branch what it held.
+
         ``departs=False`` (a prefetch warm-up) retains without restarting the
-        branch's gap: it left when its last real request finished.
+        branch's gap: it left when its last real request finished. A warm-up
+        adds to what the branch still holds (its last response's blocks, which
+        the replayed prompt lacks) and keeps a queued request's place as the
+        last victim.
         """
         now = self._now(now)
         if hints.end:
             return self._decide(self._end(key, key.br == ROOT, now))
-        actions: list[Action] = []
         old = self._retentions.get(key)
+        if old is not None and not block_ids and not departs:
+            return self._decide([])
+        actions: list[Action] = []
         if old is not None:
             actions.append(self._drop(old, ReleaseReason.REPLACED)[0])
         if not (tool_calls or hints.gap is not None):
@@ -199,7 +207,8 @@ class RetentionPolicy:
         if departs:
             self._depart(key, now, hints.tool, hints.gap)
         horizon = now + self._hold_limit(hints.ttl)
-        blocks = tuple(dict.fromkeys(block_ids))
+        kept_blocks = old.block_ids if old is not None and not (departs and block_ids) else ()
+        blocks = tuple(dict.fromkeys((*kept_blocks, *block_ids)))
         if horizon <= now or not blocks:  # ttl 0 asks for no retention
             return self._decide(actions)
         # A warm-up re-creates the retention its branch had when it left.
@@ -221,6 +230,8 @@ class RetentionPolicy:
             parent=hints.pbr,
             children=old.children if old is not None else set(),
         )
+        if not departs and old is not None and old.arrived_at is not None:
+            r.arrived_at, r.plan = old.arrived_at, old.plan
         self._insert(r)
         actions.insert(0, Hold(key, r.block_ids))
         if hints.pbr is not None and hints.pbr != key.br:
@@ -254,17 +265,26 @@ class RetentionPolicy:
             return self._decide([])
         key = BranchKey(tenant, sid, event.br or ROOT)
         r = self._retentions.get(key)
-        if r is None:
-            return self._decide([], Outcome.REJECTED, Reason.UNKNOWN_BRANCH)
+        # A branch evicted while away still has its departure on record: it
+        # takes the tool (its gap is learned under it) and the return time
+        # (warm-ups plan by it) even when there is no retention to update.
         departed = self._pending.get(key)
         if isinstance(event, ToolEndEvent):
-            # Coming back now: keep it at least min_retain_s for the request.
-            r.plan = ReturnPlan(now, 0.0)
+            plan = ReturnPlan(now, 0.0)
             if departed is not None:
-                self._pending[key] = departed._replace(plan=r.plan)
+                self._pending[key] = departed._replace(plan=plan)
+            if r is None:
+                return self._decide([], Outcome.REJECTED, Reason.UNKNOWN_BRANCH)
+            # Coming back now: keep it at least min_retain_s for the request.
+            r.plan = plan
             r.deadline = max(r.deadline, min(now + self.config.min_retain_s, r.horizon))
             self._schedule(r)
             return self._decide([])
+        if r is None:
+            if departed is not None:
+                plan = self.estimator.predict(tenant, sid, event.tool, event.eta).plan(now)
+                self._pending[key] = departed._replace(tool=event.tool, plan=plan)
+            return self._decide([], Outcome.REJECTED, Reason.UNKNOWN_BRANCH)
         if event.eta is not None:
             r.gap = event.eta
         window = self._window(key, now, r.horizon, r.gap, r.ttl, event.tool)
