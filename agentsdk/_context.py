@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from hints_spec import MAX_ID_LENGTH
+
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
@@ -20,12 +22,8 @@ if TYPE_CHECKING:
     from ._tool import Tool
     from ._usage import Usage
 
-__all__ = ["ROOT_BRANCH", "RunContext", "RunEnv"]
+__all__ = ["RunContext", "RunEnv"]
 
-ROOT_BRANCH = "root"
-"""The branch id the server assumes when a request names none."""
-
-_MAX_ID = 128  # the protocol's bound on ids
 _SLUG = re.compile(r"[^A-Za-z0-9._~-]+")
 
 
@@ -50,7 +48,7 @@ class RunEnv:
         slug = _SLUG.sub("-", agent_name).strip("-")[:48] or "agent"
         n = self._forks[parent, slug] = self._forks.get((parent, slug), 0) + 1
         branch = f"{parent}/{slug}-{n}"
-        if len(branch) > _MAX_ID:
+        if len(branch) > MAX_ID_LENGTH:
             branch = f"{slug}-{n}~{hashlib.sha256(branch.encode()).hexdigest()[:32]}"
         return branch
 

@@ -30,9 +30,12 @@ from hints_spec import (
 
 from ._client import has_header
 
-__all__ = ["ControlChannel"]
+__all__ = ["CONTROL_TIMEOUT", "ControlChannel"]
 
 _log = logging.getLogger(__name__)
+
+CONTROL_TIMEOUT = 2.0
+"""Default bound, in seconds, on one control POST: a lost event costs less than a stall."""
 
 _ClientT = TypeVar("_ClientT", bound=OpenAI | AsyncOpenAI, covariant=True)
 
@@ -65,7 +68,7 @@ class ControlChannel(Generic[_ClientT]):
     ``None``.
     """
 
-    def __init__(self, client: _ClientT, *, timeout: float = 2.0) -> None:
+    def __init__(self, client: _ClientT, *, timeout: float = CONTROL_TIMEOUT) -> None:
         self._client: _ClientT = client
         self._url = _control_url(client)
         self._options: RequestOptions = {"timeout": timeout, "max_retries": 0}

@@ -13,10 +13,12 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, Field
 
+from hints_spec import MAX_SECONDS
+
 __all__ = ["LatencyEstimator", "LatencyStats"]
 
 _MIN_SECONDS = 1e-3
-_MAX_SECONDS = 86_400.0  # the protocol's bound on gap and eta
+_MAX_SECONDS = float(MAX_SECONDS)  # the protocol's bound on gap and eta
 _BINS_PER_DECADE = 10  # a bin spans ~26%: finer than the noise of real tool timings
 _NUM_BINS = math.ceil(math.log10(_MAX_SECONDS / _MIN_SECONDS) * _BINS_PER_DECADE) + 1
 _FORGOTTEN = 1e-3  # weights that decayed below this are dropped to keep stats small

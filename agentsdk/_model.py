@@ -19,15 +19,13 @@ import anyio.to_thread
 import openai
 from openai.types.chat import ChatCompletion
 
-from hints_spec import ControlEvent
+from hints_spec import MAX_EVENTS, ControlEvent
 
 from ._client import HintedAsyncOpenAI, HintedOpenAI
-from ._control import ControlChannel
+from ._control import CONTROL_TIMEOUT, ControlChannel
 from ._errors import ModelCallError
 
 __all__ = ["ControlSender", "ControlSink", "ModelClient", "control_sink", "create_completion"]
-
-_MAX_EVENTS = 64  # per control request, by the protocol
 
 
 class _Completions(Protocol):
@@ -66,6 +64,9 @@ class ControlSender:
     ``submit`` only queues. One sender task posts the queue in order (a ``tool_end``
     overtaking its ``tool_start`` would mislead the server), merging whatever queued up
     during the previous POST into the next one, up to the protocol's 64 events.
+    Cancelled with its run, the task still posts what is queued until ``close``, for at
+    most ``CONTROL_TIMEOUT``: a cancelled run's last events (its end, or the wait on its
+    user) are the ones the server most needs.
     """
 
     def __init__(self, sink: ControlSink, sid: str) -> None:
@@ -84,12 +85,21 @@ class ControlSender:
 
     async def run(self) -> None:
         async with self._pending:
-            async for event in self._pending:
-                batch = [event]
-                with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream):
-                    while len(batch) < _MAX_EVENTS:
-                        batch.append(self._pending.receive_nowait())
-                await self._sink.send(self._sid, batch)
+            try:
+                await self._deliver()
+            except anyio.get_cancelled_exc_class():
+                with anyio.move_on_after(CONTROL_TIMEOUT, shield=True):
+                    await self._deliver()
+                raise
+
+    async def _deliver(self) -> None:
+        """Post the queue in batches until ``close``."""
+        async for event in self._pending:
+            batch = [event]
+            with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream):
+                while len(batch) < MAX_EVENTS:
+                    batch.append(self._pending.receive_nowait())
+            await self._sink.send(self._sid, batch)
 
 
 async def create_completion(client: ModelClient, request: dict[str, Any]) -> ChatCompletion:

@@ -26,10 +26,19 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, get_current_span
 from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel
 
-from hints_spec import USER_TOOL, ControlEvent, End, Fork, ToolEnd, ToolStart
+from hints_spec import (
+    MAX_CHILDREN,
+    ROOT_BRANCH,
+    USER_TOOL,
+    ControlEvent,
+    End,
+    Fork,
+    ToolEnd,
+    ToolStart,
+)
 
 from ._config import RunConfig
-from ._context import ROOT_BRANCH, RunContext, RunEnv
+from ._context import RunContext, RunEnv
 from ._errors import MaxTurnsExceeded
 from ._hooks import RunHooks, dispatch
 from ._items import (
@@ -44,7 +53,6 @@ from ._latency import LatencyEstimator
 from ._model import ControlSender, ModelClient, control_sink, create_completion
 from ._result import RunResult
 from ._scope import current_hints, hint_scope
-from ._sentinel import UNSET
 from ._session import Session, SessionStats
 from ._stream import (
     AgentEndEvent,
@@ -88,7 +96,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_MAX_TURNS", "AgentInput", "Runner", "spawn"]
 
 DEFAULT_MAX_TURNS = 10
-_MAX_CHILDREN = 64  # per fork event, by the protocol
 
 AgentInput: TypeAlias = str | list[Message]
 """A user message, or messages to append to the conversation."""
@@ -164,6 +171,7 @@ class Runner:
         """
         stream = RunResultStreaming()
         config = run_config or RunConfig()
+        error: Exception | None = None
         async with anyio.create_task_group() as group:
             group.start_soon(
                 stream.drive,
@@ -181,8 +189,12 @@ class Runner:
             )
             try:
                 yield stream
+            except Exception as err:  # the caller's own: raised below, not as an ExceptionGroup
+                error = err
             finally:
                 group.cancel_scope.cancel()  # no-op once the run is over
+        if error is not None:
+            raise error
 
     @staticmethod
     async def fan_out(
@@ -297,8 +309,8 @@ async def spawn(
     _control(
         parent,
         [
-            Fork(parent=_wire(parent.branch), children=branches[i : i + _MAX_CHILDREN])
-            for i in range(0, len(branches), _MAX_CHILDREN)
+            Fork(parent=_wire(parent.branch), children=branches[i : i + MAX_CHILDREN])
+            for i in range(0, len(branches), MAX_CHILDREN)
         ],
     )
     results: list[RunResult | None] = [None] * len(children)
@@ -424,11 +436,12 @@ async def _call_model(
     if definitions:
         request["tools"] = definitions
     await env.emit(LLMStartEvent(context, request["messages"]))
-    root = context.branch == ROOT_BRANCH
+    # Branch and parent always given (None clears): an enclosing scope's are not this
+    # branch's, and the root branch names itself by omission, as its control events do.
     scope = hint_scope(
         session=context.session_id,
-        branch=UNSET if root else context.branch,
-        parent=UNSET if root else context.parent_branch,
+        branch=_wire(context.branch),
+        parent=context.parent_branch,
         gap=gap,
     )
     attributes: dict[str, AttributeValue] = {
@@ -526,14 +539,23 @@ async def _run_tools(
             [ToolStart(br=branch, tool=t.name, eta=etas[i]) for i, t, _ in runnable],
         )
         limiter = anyio.Semaphore(env.config.max_tool_concurrency)
+        errors: list[Exception] = []
 
         async def execute(index: int, tool: Tool, arguments: BaseModel) -> None:
-            async with limiter:
-                outputs[index] = await _execute(context, tool, calls[index], arguments, etas[index])
+            try:
+                async with limiter:
+                    outputs[index] = await _execute(
+                        context, tool, calls[index], arguments, etas[index]
+                    )
+            except Exception as err:  # a hook's (tools' own are caught): stops the batch
+                errors.append(err)
+                group.cancel_scope.cancel()
 
         async with anyio.create_task_group() as group:
             for index, tool, arguments in runnable:
                 group.start_soon(execute, index, tool, arguments)
+        if errors:
+            raise errors[0]  # unwrapped, as the caller raised it
         # One tool_end per call once the whole batch is done: the branch returns only then.
         _control(context, [ToolEnd(br=branch, tool=t.name) for _, t, _ in runnable])
     return [output for output in outputs if output is not None]

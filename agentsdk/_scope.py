@@ -52,7 +52,6 @@ _ADVICE: Mapping[HintErrorCode, str] = {
         "session/branch/parent take str, gap float, ttl and prio int, end bool"
     ),
     HintErrorCode.INVALID_COMBINATION: "parent needs a branch and must differ from it",
-    HintErrorCode.TOO_LONG: "use shorter ids: the Agent-Hints header must fit in 1024 bytes",
 }
 
 
@@ -104,6 +103,8 @@ def _build(*values: object) -> ResolvedScope:
 
 def _resolve(base: ResolvedScope | None, overrides: Mapping[str, object]) -> ResolvedScope:
     values: list[object] = list(base.values) if base else [None] * len(_BODY_KEYS)
+    if "branch" in overrides and "parent" not in overrides:
+        values[_POSITION["parent"]] = None  # br and pbr move together, as in a merge (SPEC §5)
     for arg, value in overrides.items():
         values[_POSITION[arg]] = value
     try:
@@ -123,9 +124,10 @@ class hint_scope:
     ``async with``).
 
     Nested scopes override only the keys they are given; ``None`` clears a key
-    (``hint_scope(branch=None)`` goes back to the root branch). Invalid values raise
-    ``HintArgumentError`` at construction. ``end`` and ``prio`` have protocol defaults
-    (False, 3) and cannot be cleared, only set.
+    (``hint_scope(branch=None)`` goes back to the root branch). A ``branch`` without
+    ``parent`` also clears the inherited parent, which belonged to the old branch.
+    Invalid values raise ``HintArgumentError`` at construction. ``end`` and ``prio``
+    have protocol defaults (False, 3) and cannot be cleared, only set.
     """
 
     __slots__ = ("_base", "_overrides", "_resolved", "_token")

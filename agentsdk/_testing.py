@@ -19,9 +19,8 @@ from typing import Any, TypeAlias, TypeVar
 
 from openai.types.chat import ChatCompletion
 
-from hints_spec import AgentHints, ControlEvent, End, Fork, ToolEnd, ToolStart
+from hints_spec import ROOT_BRANCH, AgentHints, ControlEvent, End, Fork, ToolEnd, ToolStart
 
-from ._context import ROOT_BRANCH
 from ._items import Message
 from ._scope import current_hints
 

@@ -20,6 +20,8 @@ import anyio.to_thread
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, ValidationError, create_model
 
+from hints_spec import USER_TOOL
+
 from ._context import RunContext
 from ._errors import ToolDefinitionError
 
@@ -69,6 +71,11 @@ class Tool:
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise ToolDefinitionError(f"tool name {self.name!r} must match {_NAME.pattern}")
+        if self.name == USER_TOOL:  # its latencies and tool_start events would be the user's
+            raise ToolDefinitionError(
+                f"tool name {USER_TOOL!r} is reserved for the human wait (SPEC §6.3): "
+                "give the tool another name (name=...)"
+            )
         for label, value in (
             ("timeout", self.timeout),
             ("expected_seconds", self.expected_seconds),

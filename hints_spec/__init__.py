@@ -6,6 +6,8 @@ count a bad hint with one ``except`` clause and serve the request as if it had n
 
 from ._body import parse_body
 from ._control import (
+    MAX_CHILDREN,
+    MAX_EVENTS,
     ControlEvent,
     ControlRequest,
     ControlResponse,
@@ -24,7 +26,10 @@ from ._model import (
     BODY_FIELD,
     CONTROL_PATH,
     HEADER_NAME,
+    MAX_ID_LENGTH,
+    MAX_SECONDS,
     PROTOCOL_VERSION,
+    ROOT_BRANCH,
     USER_TOOL,
     AgentHints,
 )
@@ -35,8 +40,13 @@ __all__ = [
     "BODY_FIELD",
     "CONTROL_PATH",
     "HEADER_NAME",
+    "MAX_CHILDREN",
+    "MAX_EVENTS",
+    "MAX_ID_LENGTH",
+    "MAX_SECONDS",
     "OTEL_CONVERSATION_ID",
     "PROTOCOL_VERSION",
+    "ROOT_BRANCH",
     "SESSION_HEADER",
     "USER_TOOL",
     "AgentHints",

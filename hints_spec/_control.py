@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from enum import StrEnum
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
@@ -22,8 +22,8 @@ from ._model import (
     check_seconds,
 )
 
-MAX_EVENTS = 64
-MAX_CHILDREN = 64
+MAX_EVENTS: Final = 64  # per control request
+MAX_CHILDREN: Final = 64  # per fork event
 
 RawEvent: TypeAlias = JsonValue
 """An event as received: validated one by one, after the envelope."""

@@ -74,7 +74,7 @@ def from_interop(headers: Mapping[str, str], body: Mapping[str, object]) -> Agen
     parent = _present(lowered.get("x-dynamo-parent-session-id"))
     if dynamo is not None and parent is not None and parent != dynamo:
         fields["br"], fields["pbr"] = dynamo, parent
-    final = lowered.get("x-dynamo-session-final")
+    final = _present(lowered.get("x-dynamo-session-final"))
     if final is not None:
         flag = final.strip().lower() if isinstance(final, str) else None
         if flag not in ("true", "false"):

@@ -24,7 +24,8 @@ PROTOCOL_VERSION: Final = 1
 USER_TOOL: Final = "user"
 """The ``tool`` of a ``tool_start`` whose branch waits on its user (Section 6.3)."""
 
-ID_PATTERN: Final = r"[A-Za-z0-9._:~/-]{1,128}"
+MAX_ID_LENGTH: Final = 128
+ID_PATTERN: Final = rf"[A-Za-z0-9._:~/-]{{1,{MAX_ID_LENGTH}}}"
 MAX_HEADER_BYTES: Final = 1024
 MAX_MEMBERS: Final = 32
 MAX_SECONDS: Final = 86400
@@ -67,16 +68,14 @@ def check_bounded(name: str, value: object, high: int) -> int:
 def check_seconds(name: str, value: object) -> float:
     """Seconds as an RFC 9651 Decimal or Integer: 0..86400 with at most 3 fractional digits."""
     seconds: float | int | Decimal
-    if type(value) is float:
-        if round(value, 3) != value:  # also catches nan; the parser bounds Decimals itself
-            raise HintError(HintErrorCode.OUT_OF_RANGE, f"{name} has more than 3 decimals")
-        seconds = value
-    elif type(value) is int or (type(value) is Decimal and value.is_finite()):
+    if type(value) is int or type(value) is float or (type(value) is Decimal and value.is_finite()):
         seconds = value
     else:
         raise HintError(HintErrorCode.WRONG_TYPE, f"{name} must be a Decimal or Integer")
-    if not 0 <= seconds <= MAX_SECONDS:  # before float(): a JSON integer may be huge
+    if not 0 <= seconds <= MAX_SECONDS:  # nan fails too; first, as huge numbers cannot be rounded
         raise HintError(HintErrorCode.OUT_OF_RANGE, f"{name} must be within 0..{MAX_SECONDS}")
+    if type(seconds) is not int and round(seconds, 3) != seconds:  # float, or Decimal from Python
+        raise HintError(HintErrorCode.OUT_OF_RANGE, f"{name} has more than 3 decimals")
     return float(seconds) + 0.0  # + 0.0 turns -0.0 into 0.0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,8 @@ def test_public_api_is_exactly_the_contract() -> None:
             "parse_header", "serialize_header", "parse_body", "Outcome", "ToolStart",
             "ToolEnd", "Fork", "End", "ControlEvent", "ControlRequest", "parse_control",
             "EventResult", "ControlResponse", "to_vllm_fields", "from_interop", "merge_hints",
-            "resolve_hints",
+            "resolve_hints", "ROOT_BRANCH", "MAX_ID_LENGTH", "MAX_SECONDS", "MAX_EVENTS",
+            "MAX_CHILDREN",
         ]
     )  # fmt: skip
     assert (HEADER_NAME, BODY_FIELD, CONTROL_PATH) == (
@@ -65,6 +67,14 @@ def test_public_api_is_exactly_the_contract() -> None:
     )
     assert (PROTOCOL_VERSION, OTEL_CONVERSATION_ID) == (1, "gen_ai.conversation.id")
     assert SESSION_HEADER == "X-Session-ID"
+    limits = (
+        hints_spec.ROOT_BRANCH,
+        hints_spec.MAX_ID_LENGTH,
+        hints_spec.MAX_SECONDS,
+        hints_spec.MAX_EVENTS,
+        hints_spec.MAX_CHILDREN,
+    )
+    assert limits == ("root", 128, 86400, 64, 64)
 
 
 def test_hint_error_carries_code_and_message_and_pickles() -> None:
@@ -150,6 +160,17 @@ def test_gap_precision_in_body() -> None:
         parse_body({"gap": float("nan")})
     with pytest.raises(HintError):
         parse_body({"gap": float("inf")})
+
+
+def test_decimal_seconds_keep_the_3_decimal_bound() -> None:
+    # The header parser never yields such a Decimal; a Python caller can.
+    assert parse_body({"gap": Decimal("1.250")}).gap == 1.25
+    for bad in (Decimal("1.2345"), Decimal("1E-4"), Decimal("1E+30")):
+        with pytest.raises(HintError) as caught:
+            parse_body({"gap": bad})
+        assert caught.value.code is HintErrorCode.OUT_OF_RANGE
+    with pytest.raises(ValidationError):
+        ToolStart(tool="t", eta=Decimal("0.0005"))  # type: ignore[arg-type]
 
 
 def test_merge_rules() -> None:

@@ -232,6 +232,17 @@ def test_nested_scopes_override_only_their_keys() -> None:
     assert current_hints() is None
 
 
+def test_a_new_branch_drops_the_inherited_parent() -> None:
+    # br and pbr move together: a parent belongs to the branch it was given with.
+    with hint_scope(session="s1", branch="b", parent="a"):
+        with hint_scope(branch=None):  # back to the root branch
+            assert current_hints() == AgentHints(sid="s1")
+        with hint_scope(branch="c"):
+            assert current_hints() == AgentHints(sid="s1", br="c")
+        with hint_scope(ttl=5):
+            assert current_hints() == AgentHints(sid="s1", br="b", pbr="a", ttl=5)
+
+
 def test_scope_resolves_against_where_it_is_entered() -> None:
     inner = hint_scope(branch="b", parent="a")
     with hint_scope(session="s1"), inner as hints:

@@ -392,3 +392,71 @@ async def test_request_records_match_model_request_type() -> None:
     await Runner.run(_agent(), "x", client=model)
     assert isinstance(model.requests[0], ModelRequest)
     assert model.requests[0].branch == "root"
+
+
+async def test_the_root_branch_sends_no_branch_even_inside_a_branch_scope() -> None:
+    # Requests and control events must agree: both name the root branch by omitting br.
+    model = ScriptedModel([[ScriptedCall("nap")], "done"])
+    with hint_scope(session="outer", branch="b1", parent="p0"):
+        result = await Runner.run(_agent(nap), "go", client=model)
+    assert result.branch == "root"
+    assert [r.branch for r in model.requests] == ["root", "root"]
+    assert all(r.hints is not None and r.hints.pbr is None for r in model.requests)
+    assert [r.event for r in model.control_events] == [
+        ToolStart(tool="nap", eta=2.5),
+        ToolEnd(tool="nap"),
+        End(),
+    ]
+
+
+class _StalledSink(ScriptedModel):
+    """A control sink whose POSTs never return."""
+
+    async def send(self, sid: str, events: Any) -> None:
+        await anyio.sleep_forever()
+
+
+async def test_a_cancelled_run_still_delivers_its_last_control_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slow = [ScriptedCall("nap", {"seconds": 10})]
+    model = ScriptedModel([slow])
+    with anyio.move_on_after(0.2):
+        await Runner.run(_agent(nap), "go", client=model)
+    assert [r.event for r in model.control_events] == [ToolStart(tool="nap", eta=2.5), End()]
+
+    kept = ScriptedModel([slow])
+    session = InMemorySession("s-left")
+    async with Runner.run_streamed(_agent(nap), "go", client=kept, session=session) as stream:
+        async for event in stream:
+            if isinstance(event, ToolStartEvent):
+                break  # leaving the block cancels the run
+    assert [type(r.event) for r in kept.control_events] == [ToolStart, ToolStart]
+    assert kept.events_of(ToolStart)[-1].tool == USER_TOOL
+
+    # Delivery is bounded: a server that never answers holds a cancelled run only briefly.
+    monkeypatch.setattr("agentsdk._model.CONTROL_TIMEOUT", 0.2)
+    started = time.monotonic()
+    with anyio.move_on_after(0.1):
+        await Runner.run(_agent(nap), "go", client=_StalledSink([slow]))
+    assert time.monotonic() - started < 1.0
+
+
+async def test_the_callers_own_errors_come_out_unwrapped() -> None:
+    with pytest.raises(KeyError) as caught:
+        async with Runner.run_streamed(_agent(), "go", client=ScriptedModel(["hi"])):
+            raise KeyError("consumer")
+    assert type(caught.value) is KeyError
+
+    class Failing(RunHooks):
+        async def on_tool_end(
+            self, context: RunContext, agent: Agent, tool: Tool, result: ToolCallOutputItem
+        ) -> None:
+            raise KeyError("hook")
+
+    model = ScriptedModel([[ScriptedCall("nap"), ScriptedCall("nap", {"seconds": 5})], "done"])
+    started = time.monotonic()
+    with pytest.raises(KeyError) as caught:
+        await Runner.run(_agent(nap), "go", client=model, hooks=Failing())
+    assert type(caught.value) is KeyError
+    assert time.monotonic() - started < 1  # the failing hook stops the batch's other tools

@@ -113,6 +113,8 @@ def test_context_parameter_is_injected_not_shown() -> None:
         (lambda: tool(lambda: None), "'<lambda>' must match"),
         (lambda: tool(name="bad name!")(lambda: None), "must match"),
         (lambda: tool(name="t", timeout=0)(lambda: None), "timeout must be > 0"),
+        (lambda: tool(name="user")(lambda: None), "reserved for the human wait"),
+        (lambda: Agent(name="user").as_tool(), "reserved for the human wait"),
     ],
 )
 def test_invalid_names_and_options(make: Callable[[], Any], message: str) -> None:
