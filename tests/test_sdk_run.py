@@ -439,7 +439,7 @@ async def test_a_cancelled_run_still_delivers_its_last_control_events(
     started = time.monotonic()
     with anyio.move_on_after(0.1):
         await Runner.run(_agent(nap), "go", client=_StalledSink([slow]))
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 1.5  # the patched 0.2 s, not the default 2 s
 
 
 async def test_the_callers_own_errors_come_out_unwrapped() -> None:
@@ -459,4 +459,4 @@ async def test_the_callers_own_errors_come_out_unwrapped() -> None:
     with pytest.raises(KeyError) as caught:
         await Runner.run(_agent(nap), "go", client=model, hooks=Failing())
     assert type(caught.value) is KeyError
-    assert time.monotonic() - started < 1  # the failing hook stops the batch's other tools
+    assert time.monotonic() - started < 2.5  # the failing hook stops the 5 s tool
