@@ -119,6 +119,7 @@ class RequestRecord:
     ttft_s: float | None = None
     latency_s: float | None = None
     error: str | None = None
+    ends_turn: bool = False
 
 
 OnDone = Callable[[RequestRecord], None]
@@ -194,10 +195,13 @@ class _Session:
                 waited_on.observe(self.clock() - returned)
             oracle = waits_after[i] if waits_after is not None else None
             gap = self.gaps.estimate() if oracle is None else oracle
-            await self._send(br, pbr, seq, step, gap, end=i == last)
+            # A sub-agent's end is known (the SDK ends its branch when it is
+            # done); the session's is not: its last turn waits on the user too.
+            end = i == last and br != ROOT
+            await self._send(br, pbr, seq, step, gap, end=end)
             returned = self.clock()
             waited_on = self.gaps
-            if step.ends_turn and i != last:
+            if step.ends_turn and not end:
                 waited_on = self.user_waits
                 if self.settings.hints:
                     await self._await_user(
@@ -245,6 +249,7 @@ class _Session:
             prompt_tokens=len(prompt),
             max_tokens=s.max_tokens(request.out),
             theoretical_cached=self.index.add(prompt),
+            ends_turn=request.ends_turn,
         )
         headers = self._auth()
         if s.hints:

@@ -110,12 +110,14 @@ def returns(records: Iterable[RequestRecord]) -> Iterator[Return]:
 def _calibration(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
     """How well each hinted ``gap`` predicted the real one (this response to the
     next request of the branch): retention and prefetch act on the prediction,
-    so a poor one explains a poor result. None without a single pair."""
+    so a poor one explains a poor result. A response that ended the agent's
+    turn is left out: its wait is on the user, hinted apart (``tool_start``
+    ``user`` with its ``eta``). None without a single pair."""
     predicted: list[float] = []
     actual: list[float] = []
     for prev, _, wait_s in returns(records):
         gap = hinted_gap(prev.hint)
-        if gap is not None:
+        if gap is not None and not prev.ends_turn:
             predicted.append(gap)
             actual.append(wait_s)
     if not predicted:
@@ -218,6 +220,7 @@ def _ratio(a: object, b: object) -> float | None:
 RATIO_KEYS = (
     "reuse_of_theoretical",
     "prefill_tokens",
+    "server_prefill_tokens",
     "ttft_p50_s",
     "ttft_p90_s",
     "ttft_mean_s",
@@ -271,10 +274,10 @@ def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     if table:
         lines.append("")
         lines.append(
-            f"{'ratio':<24}{'reuse':>8}{'prefill':>9}{'TTFT p50':>10}{'p90':>8}{'mean':>8}"
-            f"{'wall':>8}   (TTFT < 1: faster)"
+            f"{'ratio':<24}{'reuse':>8}{'prefill':>9}{'engine':>8}{'TTFT p50':>10}{'p90':>8}"
+            f"{'mean':>8}{'wall':>8}   (engine: prefill with warm-ups; TTFT < 1: faster)"
         )
-        widths = (8, 9, 10, 8, 8, 8)
+        widths = (8, 9, 8, 10, 8, 8, 8)
         for label, cells in table.items():
             lines.append(
                 f"{label:<24}"

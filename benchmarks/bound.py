@@ -46,10 +46,25 @@ def _hits(blocks: list[int], prompt_len: int, size: int, cached: Any) -> int:
     return n * size
 
 
+def _touch(cache: OrderedDict[int, None], blocks: Sequence[int]) -> None:
+    """Mark a request's ``blocks`` used, its prefix most recently: vLLM frees a
+    request's blocks tail first, so LRU evicts a chain from its end (a chain
+    whose first block is gone cannot be hit at all)."""
+    for b in reversed(blocks):
+        cache[b] = None
+        cache.move_to_end(b)
+
+
 def bounds(prompts: Sequence[Sequence[int]], block_size: int, capacity: int) -> tuple[int, int]:
-    """(LRU, Belady) cached tokens of ``prompts`` served in order."""
+    """(LRU, Belady) cached tokens of ``prompts`` served in order.
+
+    Belady evicts the block used furthest in the future, the deepest in its
+    chain among equals: a block is never needed later than its parent, and
+    keeping a child whose parent is gone would waste the room.
+    """
     index = PrefixIndex(block_size)
     seqs = [index.chain(p)[0] for p in prompts]
+    depth = {b: d for seq in seqs for d, b in enumerate(seq)}
     next_use: list[dict[int, float]] = [{} for _ in seqs]
     seen: dict[int, float] = {}
     for i in range(len(seqs) - 1, -1, -1):
@@ -61,14 +76,12 @@ def bounds(prompts: Sequence[Sequence[int]], block_size: int, capacity: int) -> 
     for i, (prompt, blocks) in enumerate(zip(prompts, seqs, strict=True)):
         lru_hits += _hits(blocks, len(prompt), block_size, lru)
         belady_hits += _hits(blocks, len(prompt), block_size, belady)
-        for b in blocks:
-            lru[b] = None
-            lru.move_to_end(b)
-            belady[b] = next_use[i][b]
+        _touch(lru, blocks)
+        belady.update((b, next_use[i][b]) for b in blocks)
         while len(lru) > capacity:
             lru.popitem(last=False)
         if len(belady) > capacity:
-            furthest = sorted(belady, key=belady.__getitem__, reverse=True)
+            furthest = sorted(belady, key=lambda b: (belady[b], depth[b]), reverse=True)
             for b in furthest[: len(belady) - capacity]:
                 del belady[b]
     return lru_hits, belady_hits
@@ -104,28 +117,36 @@ def predicted(requests: Sequence[Sent], block_size: int, capacity: int) -> int:
     the whole cache). When the cache is over capacity, blocks no retention
     holds go first (least recently used first), then the policy releases
     retentions in its own victim order: expired first, then the branch
-    predicted back last given how long it has been away.
+    predicted back last given how long it has been away. Starts and finishes
+    reach the policy in time order (a response may end after later requests
+    were sent).
     """
     index = PrefixIndex(block_size)
     config = PolicyConfig(total_blocks=capacity, max_held_fraction=1.0, max_tenant_fraction=1.0)
     policy = RetentionPolicy(config)
     cache: OrderedDict[int, None] = OrderedDict()
+    chains = [index.chain(r.prompt)[0] for r in requests]
+    # (time, finish after start at the same instant, request)
+    events = sorted(
+        [(r.sent_at, False, i) for i, r in enumerate(requests)]
+        + [(r.done_at, True, i) for i, r in enumerate(requests)]
+    )
     hits = 0
-    for r in requests:
+    for now, finish, i in events:
+        r, blocks = requests[i], chains[i]
         key = BranchKey("", r.session, r.branch)
-        policy.on_request_started(key, now=r.sent_at)  # back: learns the gap
-        blocks = index.chain(r.prompt)[0]
+        if finish:
+            policy.on_request_finished(key, blocks, BranchHints(gap=r.gap), True, now=now)
+            continue
+        policy.on_request_started(key, now=now)  # back: learns the gap
         hits += _hits(blocks, len(r.prompt), block_size, cache)
-        for b in blocks:
-            cache[b] = None
-            cache.move_to_end(b)
+        _touch(cache, blocks)
         while len(cache) > capacity:
             held = {b for retained in policy.retentions() for b in retained.block_ids}
             for b in [b for b in cache if b not in held][: len(cache) - capacity]:
                 del cache[b]
-            if len(cache) > capacity and not policy.make_room(len(cache) - capacity, now=r.sent_at):
+            if len(cache) > capacity and not policy.make_room(len(cache) - capacity, now=now):
                 break
-        policy.on_request_finished(key, blocks, BranchHints(gap=r.gap), True, now=r.done_at)
     return hits
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
-from hints_spec import BODY_FIELD, AgentHints, to_vllm_fields
+from hints_spec import BODY_FIELD, AgentHints, HintError, parse_body, to_vllm_fields
 
 from .policy import (
     ROOT,
@@ -103,20 +103,29 @@ class HintedParams(NamedTuple):
     """What the engine reads of a hinted request's ``kv_transfer_params``."""
 
     tenant: str
-    hints: Mapping[str, Any]
-    """The normalized hint; its ``sid`` is a string."""
+    hints: AgentHints
+    """The hint, valid, with a session (``sid`` is set)."""
     prefetch: bool
 
 
 def read_hint_params(params: Mapping[str, Any] | None) -> HintedParams | None:
     """The hint, tenant and warm-up flag of a request, or None if it has no
-    usable hint (no session, or not lowered by the middleware)."""
+    usable hint (no session, or not lowered by the middleware).
+
+    The hint is validated again with the codec (a few microseconds): the
+    middleware lowers only valid hints, but the engine must not trust its
+    input to keep its block accounting whole.
+    """
     if not params:
         return None
-    hints, tenant = params.get(HINTS_KEY), params.get(TENANT_KEY)
-    if not isinstance(hints, Mapping) or not isinstance(tenant, str):
+    raw, tenant = params.get(HINTS_KEY), params.get(TENANT_KEY)
+    if not isinstance(tenant, str):
         return None
-    if not isinstance(hints.get("sid"), str):
+    try:
+        hints = parse_body(raw)
+    except HintError:
+        return None
+    if hints.sid is None:
         return None
     return HintedParams(tenant, hints, params.get(PREFETCH_KEY) is True)
 
@@ -272,13 +281,10 @@ class EngineRetention:
         if read is None:
             return False
         hints = read.hints
-        key = BranchKey(read.tenant, hints["sid"], hints.get("br") or ROOT)
+        assert hints.sid is not None  # read_hint_params' promise
+        key = BranchKey(read.tenant, hints.sid, hints.br or ROOT)
         branch_hints = BranchHints(
-            gap=hints.get("gap"),
-            ttl=hints.get("ttl"),
-            end=bool(hints.get("end")),
-            prio=int(hints.get("prio", 3)),
-            pbr=hints.get("pbr"),
+            gap=hints.gap, ttl=hints.ttl, end=hints.end, prio=hints.prio, pbr=hints.pbr
         )
         self._keys[request_id] = _Tracked(key, branch_hints, read.prefetch)
         if read.prefetch:

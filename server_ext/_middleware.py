@@ -9,12 +9,16 @@ A pure ASGI middleware (``--middleware server_ext.AgentHintsMiddleware``):
   request is served exactly as if it had none.
 - on every JSON POST it strips the extension's reserved ``kv_transfer_params``
   keys, so a client can never forge a tenant or a control message.
+- with ``salt_per_tenant``, every inference request's ``cache_salt`` starts
+  with its tenant (a client's own salt is kept after it), hinted or not.
 - it answers ``POST /v1/agent-hints/events`` itself and forwards valid events to
   the engine core with no inference request.
 - with ``prefetch`` enabled, every other POST goes through a ``Prefetcher``,
   which watches branches leave and return and warms them before they are back.
 
 Bodies without any hint-related bytes pass through untouched (no JSON round trip).
+Such bytes are looked for in the raw body, so a body that could spell them
+otherwise (a JSON ``\\u`` escape, or not UTF-8) is parsed too.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from hints_spec import (
 from ._config import ExtensionConfig
 from ._engine import RESERVED_KEYS, hint_params
 from ._prefetch import ASGIApp, Branch, Prefetcher, Receive, Scope, Send, replay_body
-from ._tenant import DEFAULT_TENANT, resolve_tenant
+from ._tenant import resolve_tenant
 from ._vllm import connector_config, send_control
 from .policy import ROOT, BranchKey, GapEstimator, PrefetchPlanner
 
@@ -51,8 +55,12 @@ INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/res
 MAX_CONTROL_BYTES = 64 * 1024
 _HEADER = HEADER_NAME.lower()
 _INTEROP_HEADERS = (SESSION_HEADER.lower(), "x-dynamo-session-id")
-# Any of these bytes in a body means it may carry hints or reserved keys.
+# Any of these bytes in a body means it may carry hints or reserved keys; so does
+# a JSON escape (``agent\u005fhints``) or a NUL byte (a UTF-16 or UTF-32 body, which
+# vLLM decodes like UTF-8): they can spell a key without its bytes.
 _MARKERS = (
+    b"\\u",
+    b"\x00",
     BODY_FIELD.encode(),
     b"prompt_cache_key",
     b"prompt_cache_retention",
@@ -119,8 +127,10 @@ class AgentHintsMiddleware:
         """The body to forward (``body`` itself unless hints or reserved keys
         changed it) and the branch of its lowered hints."""
         config = self._extension(scope)
+        inference = scope["path"] in INFERENCE_PATHS
+        salted = inference and config is not None and config.salt_per_tenant
         has_header = _HEADER in headers or any(h in headers for h in _INTEROP_HEADERS)
-        if not has_header and not any(m in body for m in _MARKERS):
+        if not (salted or has_header or any(m in body for m in _MARKERS)):
             return body, None
         try:
             payload = json.loads(body)
@@ -129,7 +139,7 @@ class AgentHintsMiddleware:
         if not isinstance(payload, dict):
             return body, None
         hints = None
-        if scope["path"] in INFERENCE_PATHS:
+        if inference:
             hints, errors = resolve_hints(headers, payload)
             for source, error in errors:
                 PARSE_ERRORS.labels(source, error.code).inc()
@@ -139,15 +149,18 @@ class AgentHintsMiddleware:
             for key in RESERVED_KEYS:
                 changed |= transfer.pop(key, None) is not None
         branch = None
-        if hints is not None and hints.sid is not None and config is not None:
-            tenant = resolve_tenant(headers, config.tenant_header)
+        tenant = resolve_tenant(headers, config.tenant_header) if config is not None else None
+        if salted and tenant is not None:
+            client_salt = payload.get("cache_salt")
+            if client_salt is None or isinstance(client_salt, str):  # else vLLM rejects it
+                payload["cache_salt"] = f"{tenant}/{client_salt}" if client_salt else tenant
+                changed = True
+        if hints is not None and hints.sid is not None and tenant is not None:
             branch = Branch(BranchKey(tenant, hints.sid, hints.br or ROOT), hints.gap, hints.end)
             payload.setdefault("session_id", hints.sid)
             if not isinstance(transfer, dict):
                 transfer = payload["kv_transfer_params"] = {}
             transfer.update(hint_params(tenant, hints))
-            if config.salt_per_tenant and tenant != DEFAULT_TENANT:
-                payload["cache_salt"] = tenant
             HINTED_REQUESTS.inc()
             changed = True
         return (json.dumps(payload).encode() if changed else body), branch

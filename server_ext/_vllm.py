@@ -198,7 +198,8 @@ _COUNTERS = {
     "predicted_returns": "Branch returns whose predicted gap was checked against the actual one",
     "return_log2_error_sum": "Sum of |log2(actual gap / predicted gap)| over predicted returns",
     "returns_within_2x": "Predicted returns whose actual gap was within 2x of the prediction",
-    "tier_hits": "KV blocks loaded from the tier instead of recomputed",
+    "tier_hits": "KV blocks planned to load from the tier instead of recomputed "
+    "(those that failed count in tier_load_failures too)",
     "tier_misses": "KV blocks past the device cache that the tier did not hold",
     "tier_load_failures": "Planned tier loads that failed (the blocks were recomputed)",
     "tier_save_failures": "KV blocks the tier could not store",
@@ -256,7 +257,7 @@ class AgentHintsPromMetrics(KVConnectorPromMetrics):
                 continue
             if name in _GAUGES:
                 series.set(value)
-            else:
+            elif value > 0:  # a counter never goes down (inc raises on a negative)
                 series.inc(value)
 
 
@@ -289,8 +290,8 @@ def _tier_identity(params: Mapping[str, Any] | None, ttl_cap_s: float) -> tuple[
     if read is None:
         return None
     hints = read.hints
-    pin = hints.get("ttl") if hints.get("ttl") is not None else hints.get("gap")
-    if hints.get("end") or not isinstance(pin, int | float):
+    pin = hints.ttl if hints.ttl is not None else hints.gap
+    if hints.end or pin is None:
         return read.tenant, 0.0
     return read.tenant, min(float(pin), ttl_cap_s)
 
@@ -346,6 +347,14 @@ class AgentHintsConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         if self._tier_config is not None and role == KVConnectorRole.SCHEDULER:
             self._planner = self._make_planner(vllm_config, kv_cache_config)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """False: retention and tier saves are best effort (a lost save is a later
+        miss), so a preempted request keeps its in-flight output as it would
+        without the extension (vLLM's default follows ``kv_role``, which is
+        ``kv_both`` here for the tier's loads)."""
+        return False
 
     def _make_planner(
         self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig

@@ -9,7 +9,14 @@ import pytest
 
 from benchmarks import report
 from benchmarks._replay import RequestRecord, hint_header
-from benchmarks._report import ConfigRun, format_table, read_json, summarize, write_json
+from benchmarks._report import (
+    ConfigRun,
+    format_table,
+    ratios,
+    read_json,
+    summarize,
+    write_json,
+)
 from benchmarks._server import MetricsSample
 from benchmarks._spread import Spread, format_spread, spreads
 
@@ -251,3 +258,21 @@ def test_the_report_command_prints_and_writes_the_spread(
     assert written["ratios"]["plain / unlimited"]["ttft_mean_s"]["high"] == pytest.approx(8.0)
     with pytest.raises(SystemExit, match="--out is required"):
         report.main(inputs)
+
+
+def test_calibration_leaves_out_waits_on_the_user() -> None:
+    # The gap a request hints is for tool calls; after a response that ended the
+    # turn the wait is on the user, hinted apart (tool_start user with its eta).
+    first = _timed("t", "root", 0, 0.0, 1.0, 2.0)
+    first.ends_turn = True
+    records = [first, _timed("t", "root", 1, 60.0, 1.0, 2.0)]
+    assert summarize(_run("retention", records))["calibration"] is None
+
+
+def test_the_engine_prefill_ratio_counts_prefetch_warm_ups() -> None:
+    engine = "vllm:request_prefill_kv_computed_tokens_sum"
+    plain = summarize(_run("plain", [_record(400, 800, 0.4)], **{engine: 600.0}))
+    prefetch = summarize(_run("prefetch", [_record(700, 800, 0.4)], **{engine: 900.0}))
+    row = ratios([plain, prefetch])["prefetch / plain"]
+    assert (row["prefill_tokens"], row["server_prefill_tokens"]) == (0.5, 1.5)
+    assert "engine" in format_table([plain, prefetch])

@@ -29,6 +29,7 @@ from benchmarks._traces import (
 )
 from benchmarks.bound import Sent, bounds, main, predicted
 from hints_spec import CONTROL_PATH, HEADER_NAME, USER_TOOL, parse_header
+from server_ext.policy import Action, BranchKey, Decision, RetentionPolicy
 
 
 def _req(hash_ids: list[int], think: float = 0.0, t: float = 0.0, out: int = 64) -> dict[str, Any]:
@@ -182,7 +183,9 @@ def test_subagents_replay_as_branches_and_the_parent_resumes_after_them() -> Non
     assert sorted(branches[2:5], key=str) == sorted(
         [("agent_001", ROOT, False), ("agent_002", ROOT, True), ("agent_001", ROOT, True)], key=str
     )
-    assert branches[5] == (ROOT, None, True)  # the root's last request ends the session
+    # A sub-agent's last request says end (the SDK ends its branch); the root's does
+    # not: the session's end is not known before it.
+    assert branches[5] == (ROOT, None, False)
     assert {h.sid for h in hints} == {"trace_demo"}
     # The root resumed after both sub-agents (the longer took 1 s of waits) plus
     # its residual think: 9 s minus the 8 s the trace's fork lasted.
@@ -256,7 +259,7 @@ def test_an_ended_turn_is_a_wait_on_the_user_learned_apart_from_tool_gaps() -> N
                 _req([1, 2, 3], think=400.0),  # the user took 400 s
                 turn_end(_req([1, 2, 3, 4], think=40.0)),
                 _req([1, 2, 3, 4, 5], think=200.0),
-                turn_end(_req([1, 2, 3, 4, 5, 6], think=20.0)),  # the last: it says end
+                turn_end(_req([1, 2, 3, 4, 5, 6], think=20.0)),  # the last: not an end
             ],
         }
     )
@@ -265,14 +268,15 @@ def test_an_ended_turn_is_a_wait_on_the_user_learned_apart_from_tool_gaps() -> N
     ]  # fmt: skip
     events: list[tuple[float, dict[str, Any]]] = []
     _, seen = _run([trace], events, hints=True, time_scale=20.0, max_think_s=10_000.0)
-    # After each ended turn but the last: tool_start for the user, its eta the
-    # median of the session's earlier waits on its user (a scaled minute at first).
+    # After each ended turn, the last too (the session's end is not known): tool_start
+    # for the user, its eta the median of the session's earlier waits on its user (a
+    # scaled minute at first).
     assert [body for _, body in events] == [
         {"sid": "trace_user", "events": [{"type": "tool_start", "br": ROOT, "tool": USER_TOOL,
                                           "eta": eta}]}
-        for eta in (3.0, 20.0)
+        for eta in (3.0, 20.0, 15.0)
     ]  # fmt: skip
-    assert [t for t, _ in events] == [seen[1][0], seen[3][0]]
+    assert [t for t, _ in events] == [seen[1][0], seen[3][0], seen[5][0]]
     # The header's gap stays the median of tool gaps only (1, 2 and 1 s; never 20 or 10).
     gaps = [parse_header(h or "").gap for _, _, h in seen]
     assert gaps == [0.5, 1.0, 1.0, 1.5, 1.5, 1.0]
@@ -356,6 +360,35 @@ def test_offline_bounds_belady_beats_lru_on_a_cyclic_order() -> None:
     assert lru == 0
     assert belady == 4 * 4  # a and b stay; c is never kept
     assert bounds([a, a, a], block_size=4, capacity=1) == (8, 8)
+
+
+def test_offline_bounds_evict_a_chain_from_its_end() -> None:
+    # One prompt of three blocks in a cache of two: vLLM frees a request's blocks
+    # tail first, and Belady keeps a parent over a child used as soon: either way
+    # the prefix stays, and the prompt's return hits its first two blocks.
+    prompt = [1] * 4 + [2] * 4 + [3] * 4 + [99]
+    assert bounds([prompt, prompt], block_size=4, capacity=2) == (8, 8)
+
+
+def test_offline_predicted_eviction_sees_events_in_time_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[float] = []
+
+    class Recording(RetentionPolicy):
+        def on_request_started(self, key: BranchKey, now: float | None = None) -> list[Action]:
+            seen.append(now or 0.0)
+            return super().on_request_started(key, now)
+
+        def on_request_finished(self, *args: Any, **kwargs: Any) -> Decision:
+            seen.append(kwargs["now"])
+            return super().on_request_finished(*args, **kwargs)
+
+    monkeypatch.setattr("benchmarks.bound.RetentionPolicy", Recording)
+    long, short = [1] * 4 + [99], [2] * 4 + [99]
+    # The first request's response ends after the second was sent and done.
+    predicted([Sent(long, "a", "root", 0.0, 5.0), Sent(short, "b", "root", 1.0, 2.0)], 4, 2)
+    assert seen == [0.0, 1.0, 2.0, 5.0]
 
 
 def test_offline_predicted_eviction_keeps_the_branches_due_back_first() -> None:

@@ -327,3 +327,22 @@ def test_a_warmup_whose_branch_is_not_expected_takes_no_room() -> None:
     assert e.defers("w1", 3)
     assert not e.make_room(3, "w1")
     assert pool.refs[30] == 1 and e.stats.held_blocks == 3
+
+
+@pytest.mark.parametrize(
+    "bad", [{"pbr": ["x"]}, {"ttl": "60"}, {"gap": True}, {"prio": 9}, {"br": 7}]
+)
+def test_a_malformed_lowered_hint_is_no_hint(bad: dict[str, object]) -> None:
+    # The middleware lowers only valid hints; the engine does not rely on it: a
+    # hint it cannot use must neither fault half-way (leaving the policy holding
+    # blocks the pool never took) nor reach the policy.
+    e, pool, clock = engine()
+    lowered = params()
+    lowered["agent_hints"] = {**AgentHints(sid="s", gap=10.0).normalized(), **bad}
+    assert not e.request_added("r1", lowered)
+    e.request_scheduled("r1")
+    e.request_finished("r1", [1, 2, 3])
+    clock.now = 1000.0
+    e.step_scheduled({})
+    assert e.faults == 0 and e.stats.held_blocks == 0 and +pool.refs == Counter()
+    assert all(v >= 0 for v in pool.refs.values())

@@ -13,7 +13,6 @@ steps). The same through the SDK: an agent's tool announced with its ETA.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -152,7 +151,9 @@ def test_a_warmup_sits_out_the_steps_of_a_real_prefill(server: LocalServer) -> N
     The cold requests come as a stream with short pauses: the prefetcher issues
     a warm-up only in such a pause, so the next one lands in it. (One request
     sent when the warm-up was seen issued could overtake it, or come after its
-    end, as it did once in CI.)"""
+    end, as it did once in CI.) The stream stops as soon as the warm-up has
+    completed: unhinted requests may take a retention's room, and a slow
+    machine would otherwise send enough of them to evict the warmed prompt."""
     before = server.metrics()
     long = 1920  # tokens: 15 steps of 128
     session, hints = tokens(7, long), 'v=1, sid="yields", gap=3'
@@ -160,24 +161,14 @@ def test_a_warmup_sits_out_the_steps_of_a_real_prefill(server: LocalServer) -> N
     departed = time.monotonic()
     with ThreadPoolExecutor(6) as pool:
         list(pool.map(lambda i: complete(server, tokens(800 + i)), range(6)))
-    completed, stop = prefetches("completed"), threading.Event()
-
-    def cold_prefills() -> int:  # of 2 steps each; 5 blocks, unretained
-        sent = 0
-        while not stop.wait(0.02):  # a pause: the prefetcher issues in one
-            assert complete(server, tokens(900 + sent, 256)) == 0
-            sent += 1
-        return sent
-
-    with ThreadPoolExecutor(1) as pool:
-        stream = pool.submit(cold_prefills)
-        try:
-            while server.metrics().get(completed, 0) == before.get(completed, 0):
-                assert time.monotonic() < departed + 20.0, "no warm-up completed"
-                time.sleep(0.05)
-        finally:
-            stop.set()
-        assert stream.result() > 0
+    completed, sent = prefetches("completed"), 0
+    while server.metrics().get(completed, 0) == before.get(completed, 0):
+        assert time.monotonic() < departed + 20.0, "no warm-up completed"
+        time.sleep(0.02)  # a pause: the prefetcher issues in one
+        # A cold prefill of 2 steps (5 blocks, unretained).
+        assert complete(server, tokens(900 + sent, 256)) == 0
+        sent += 1
+    assert sent > 0
     cached = complete(server, session + tokens(10, 64), hints)
     time.sleep(1.0)  # engine stats reach /metrics with the steps after the return
     yields = server.metrics().get("agent_hints_warmup_yields_total", 0)

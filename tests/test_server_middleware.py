@@ -154,6 +154,47 @@ def test_reserved_transfer_keys_are_stripped_on_every_route() -> None:
     assert json.loads(seen[0])["kv_transfer_params"] == {"other": 1}
 
 
+@pytest.mark.parametrize(
+    "encode",
+    [
+        # json.dumps escapes "_" nowhere by itself: spell the keys with \u escapes.
+        lambda text: text.replace("agent_hints", "agent\\u005fhints").encode(),
+        lambda text: text.encode("utf-16"),  # vLLM's JSON decoding accepts UTF-16 too
+    ],
+    ids=["escaped", "utf-16"],
+)
+def test_reserved_keys_cannot_be_smuggled_past_the_byte_scan(
+    encode: Callable[[str], bytes],
+) -> None:
+    harness, seen, _ = make_app()
+    forged = {"agent_hints_control": {"tenant": "key:victim"}, "agent_hints_tenant": "key:v"}
+    body = encode(json.dumps({"model": "m", "prompt": "x", "kv_transfer_params": forged}))
+    assert json.loads(body)["kv_transfer_params"] == forged  # what vLLM would read
+    call(harness, "/v1/completions", body)
+    assert json.loads(seen[0])["kv_transfer_params"] == {}
+
+
+def test_salt_per_tenant_salts_every_inference_request() -> None:
+    harness, seen, _ = make_app(salt_per_tenant=True, tenant_header="X-Tenant")
+    acme = {"X-Tenant": "acme"}
+    call(harness, "/v1/completions", completion(), acme)  # unhinted
+    call(harness, "/v1/completions", completion(), {**acme, "Agent-Hints": 'v=1, sid="s"'})
+    call(harness, "/v1/completions", completion(cache_salt="mine"), acme)
+    call(harness, "/v1/completions", completion())  # the default tenant too
+    salts = [json.loads(b)["cache_salt"] for b in seen]
+    tenant = salts[0]
+    assert tenant.startswith("gw:") and salts[1] == tenant
+    assert salts[2] == f"{tenant}/mine"  # a client's salt only splits its own cache
+    assert salts[3] == "default"
+    # Another tenant that names acme's salt still gets its own cache.
+    call(harness, "/v1/completions", completion(cache_salt=tenant), {"X-Tenant": "evil"})
+    assert json.loads(seen[4])["cache_salt"] != tenant
+    # Only the inference routes are salted.
+    body = json.dumps({"input": "x"}).encode()
+    call(harness, "/v1/embeddings", body, acme)
+    assert seen[5] == body
+
+
 def test_tenant_comes_from_the_api_key_or_a_trusted_gateway_header() -> None:
     harness, seen, _ = make_app(tenant_header="X-Tenant")
     hint = {"Agent-Hints": 'v=1, sid="s"'}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hints_spec import AgentHints
 from server_ext._engine import TENANT_KEY, hint_params
-from server_ext._vllm import TierWorkerMetadata, _tier_identity
+from server_ext._vllm import AgentHintsConnector, TierWorkerMetadata, _tier_identity
 from server_ext.tier import TierReport
 
 
@@ -29,3 +29,11 @@ def test_worker_reports_aggregate_across_workers() -> None:
     merged = a.aggregate(b)
     assert isinstance(merged, TierWorkerMetadata)
     assert merged.report == TierReport(["k1"], ["k2"], 15, 7)
+
+
+def test_the_connector_asks_no_reliable_kv_delivery() -> None:
+    # vLLM would otherwise drop a preempted request's in-flight output (kv_both
+    # counts as a producer), unlike plain vLLM: retention is best effort.
+    prop = AgentHintsConnector.__dict__["requires_kv_delivery"]
+    assert isinstance(prop, property) and prop.fget is not None
+    assert prop.fget(object.__new__(AgentHintsConnector)) is False

@@ -166,6 +166,10 @@ def test_planner_saves_full_blocks_once_then_loads_them() -> None:
     assert [b for _, b in ops.loads] == [22, 23]
     assert ops.saves == []  # blocks 0-1 and the loaded 2-3 are all in the tier
     assert plan.counters.hits == 2
+    # A failed load is counted, never taken back: counters feed Prometheus
+    # counters, which cannot go down.
+    plan.worker_report([], [ops.loads[0][0]], 0, 0)
+    assert (plan.counters.hits, plan.counters.load_failures) == (2, 1)
 
     # Another tenant never sees them.
     plan.track("r3", "other", pin_s=0)

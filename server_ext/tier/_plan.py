@@ -48,7 +48,9 @@ class BlockProgress:
 class TierCounters:
     """Cumulative tier telemetry, in blocks and bytes."""
 
-    hits: int = 0  # blocks loaded from the tier instead of recomputed
+    # Every counter only grows (Prometheus counters): a failed load stays a hit
+    # and counts in load_failures too, so blocks served = hits - load_failures.
+    hits: int = 0  # blocks planned to load from the tier instead of recomputed
     misses: int = 0  # blocks looked up past the device cache that the tier lacked
     load_failures: int = 0  # planned loads the worker could not serve (recomputed)
     save_failures: int = 0
@@ -200,6 +202,5 @@ class TierPlanner:
         self.index.remove(saves | loads)
         self.counters.save_failures += len(saves)
         self.counters.load_failures += len(loads)
-        self.counters.hits -= len(loads)
         self.counters.bytes_saved += bytes_saved
         self.counters.bytes_loaded += bytes_loaded
