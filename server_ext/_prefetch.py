@@ -31,7 +31,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from hints_spec import End, ToolEnd, ToolStart
+from hints_spec import USER_TOOL, End, ToolEnd, ToolStart
 
 from ._engine import PREFETCH_KEY, read_hint_params
 from .policy import ROOT, BranchKey, PrefetchPlanner
@@ -190,8 +190,13 @@ class Prefetcher:
         """Apply accepted control events of ``tenant``'s session ``sid``."""
         for event in events:
             if isinstance(event, ToolStart):
+                # A wait on a human is not warmed: its length is a guess (often
+                # the session is over), and a warm-up at the guess would evict
+                # branches whose tools are due back. A tier brings it back.
                 key = BranchKey(tenant, sid, event.br or ROOT)
-                self.planner.tool_start(key, eta=event.eta, tool=event.tool)
+                self.planner.tool_start(
+                    key, eta=event.eta, tool=event.tool, warm=event.tool != USER_TOOL
+                )
             elif isinstance(event, ToolEnd):
                 self.planner.tool_end(BranchKey(tenant, sid, event.br or ROOT))
             elif isinstance(event, End):

@@ -323,6 +323,20 @@ def test_tool_start_eta_moves_the_warmup_and_late_ones_are_skipped() -> None:
     run(scenario)
 
 
+def test_a_wait_on_the_user_is_not_warmed() -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+        from hints_spec import USER_TOOL, ToolStart
+
+        await request(p, lowered(), BRANCH)
+        p.control(KEY.tenant, KEY.sid, [ToolStart(type="tool_start", tool=USER_TOOL, eta=60)])
+        for clock.now in (30.0, 59.5, 61.0):
+            await p.step()
+        assert app.warmups == []
+        assert p.planner.stats.tracked == 1  # still planned: its return is learned
+
+    run(scenario)
+
+
 def test_failed_requests_and_unhinted_bodies_plan_nothing() -> None:
     async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
         await request(p, b'{"model": "m", "prompt": "x"}', None)

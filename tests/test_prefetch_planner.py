@@ -76,6 +76,17 @@ def test_tool_start_eta_moves_the_warmup_and_rearms_it() -> None:
     assert p.due(34.5) == [A]
 
 
+def test_a_branch_planned_without_warm_up_is_never_due_but_still_learns() -> None:
+    p, _ = planner()
+    p.depart(A, 0.0, gap_hint=5.0)
+    p.tool_start(A, eta=30.0, tool="user", now=1.0, warm=False)
+    plan = p.plan(A)
+    assert plan is not None and plan.expected_return == pytest.approx(31.0)
+    assert p.due(1000.0) == []
+    p.returned(A, 61.0)
+    assert p.stats.returns == 1 and p.stats.mean_error_s == pytest.approx(30.0)
+
+
 def test_tool_end_makes_it_due_at_once() -> None:
     p, _ = planner()
     p.depart(A, 0.0, gap_hint=60.0)

@@ -185,11 +185,14 @@ class PrefetchPlanner:
         eta: float | None = None,
         tool: str | None = None,
         now: float | None = None,
+        warm: bool = True,
     ) -> None:
         """``key`` started a tool: re-plan from now with ``eta`` as the prior.
 
         This arms the branch again even if its warm-up was handed out: a later
-        return means its KV may be gone again by then.
+        return means its KV may be gone again by then. With ``warm=False`` the
+        branch is still planned (its return is learned and scored) but never
+        handed out for a warm-up.
         """
         b = self._branches.get(key)
         if b is None:
@@ -197,8 +200,8 @@ class PrefetchPlanner:
         self._branches.move_to_end(key)
         b.tool = tool if tool is not None else b.tool
         b.gap = eta if eta is not None else b.gap
-        b.fired = False
         self._replan(key, b, self._now(now))
+        b.fired = not warm
 
     def tool_end(self, key: BranchKey, now: float | None = None) -> None:
         """``key``'s tool finished: it returns now, warm it at once if not yet."""
