@@ -261,6 +261,8 @@ def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
             if hints
             else ""
         )
+        if hints and (warmed := hints.get("warmups_returned", 0) + hints.get("warmups_wasted", 0)):
+            retention += f" warmed {warmed:.0f} (paid {hints.get('warmups_returned', 0):.0f})"
         lines.append(
             f"{s['config']:<24}{s['requests']:>5}{s['failed']:>5}"
             f"{_fmt(None if reuse is None else 100 * reuse, '.1f'):>8}"

@@ -25,6 +25,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--prefetch", action="store_true", default=None, help="warm idle branches before return"
     )
     serve.add_argument(
+        "--prefetch-min-accuracy",
+        type=float,
+        help="share of recent warm-ups that must pay off for warm-ups to evict (0: always)",
+    )
+    serve.add_argument(
         "--max-defer",
         type=float,
         dest="max_defer_s",
@@ -63,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_tenant_fraction",
         "ttl_cap_s",
         "default_ttl_s",
+        "prefetch_min_accuracy",
         "max_defer_s",
         "defer_lookahead_s",
         "gap_hint_weight",

@@ -22,6 +22,7 @@ CONNECTOR_MODULE = "server_ext._vllm"
 # The policy's defaults: the extension's own defaults are these, not copies.
 _ADMISSION = AdmissionConfig()
 _ESTIMATOR = EstimatorConfig()
+_POLICY = PolicyConfig(total_blocks=0)
 
 
 class ExtensionConfigError(ValueError):
@@ -43,6 +44,10 @@ class ExtensionConfig:
             prefix-cache entries (closes the cross-tenant timing side channel).
         prefetch: Re-prefill an idle branch's last prompt (a 1-token warm-up) while
             no real request prefills, just before the branch is expected back.
+        prefetch_min_accuracy: Warm-ups may evict retentions of branches due
+            back later only while at least this share of recent warmed
+            retentions lasted until their branch came back; below it they
+            use free blocks only (0: always).
         max_defer_s: Warm-first admission: a hinted request with a long uncached
             prefill may wait up to this long while cheaper hinted requests go
             first (0 turns it off: first come, first served).
@@ -63,6 +68,7 @@ class ExtensionConfig:
     tenant_header: str | None = None
     salt_per_tenant: bool = False
     prefetch: bool = False
+    prefetch_min_accuracy: float = _POLICY.prefetch_min_accuracy
     max_defer_s: float = _ADMISSION.max_defer_s
     defer_lookahead_s: float = _ADMISSION.lookahead_s
     gap_hint_weight: float = _ESTIMATOR.hint_weight
@@ -103,6 +109,7 @@ class ExtensionConfig:
                 max_tenant_fraction=self.max_tenant_fraction,
                 ttl_cap_s=self.ttl_cap_s,
                 default_ttl_s=self.default_ttl_s,
+                prefetch_min_accuracy=self.prefetch_min_accuracy,
                 estimator=estimator,
             )
         except ValueError as e:

@@ -339,10 +339,13 @@ class EngineRetention:
         return due is None or short > self.policy.releasable_for(due, now, warmup.key)
 
     def _warmup_due(self, warmup: _Tracked, now: float) -> float | None:
-        """When a warm-up's branch is expected back; None when it is not (the
-        warm-up is obsolete, or its branch ended or already came back): such a
-        warm-up may use free blocks but takes none from a retention."""
-        return None if warmup.obsolete else self.policy.next_return(warmup.key, now)
+        """When a warm-up's branch is expected back; None when the warm-up may
+        use free blocks but take none from a retention: it is obsolete, its
+        branch ended or already came back, or recent warm-ups were mostly
+        wasted (``RetentionPolicy.warmups_take_room``)."""
+        if warmup.obsolete or not self.policy.warmups_take_room:
+            return None
+        return self.policy.next_return(warmup.key, now)
 
     @_contained(None)
     def request_scheduled(self, request_id: str) -> None:

@@ -198,6 +198,8 @@ _COUNTERS = {
     "predicted_returns": "Branch returns whose predicted gap was checked against the actual one",
     "return_log2_error_sum": "Sum of |log2(actual gap / predicted gap)| over predicted returns",
     "returns_within_2x": "Predicted returns whose actual gap was within 2x of the prediction",
+    "warmups_returned": "Warmed retentions whose branch came back while they were held",
+    "warmups_wasted": "Warmed retentions released before their branch came back",
     "tier_hits": "KV blocks planned to load from the tier instead of recomputed "
     "(those that failed count in tier_load_failures too)",
     "tier_misses": "KV blocks past the device cache that the tier did not hold",

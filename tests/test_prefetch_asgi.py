@@ -413,3 +413,15 @@ def test_enabled_by_the_extension_config_or_the_serve_flag(
         ExtensionConfig.from_mapping({"prefetch": "yes"})
     assert serve_main(["serve", "m", "--prefetch", "--print-command"]) == 0
     assert '"prefetch": true' in capsys.readouterr().out
+
+
+def test_the_minimum_accuracy_reaches_the_policy_and_is_checked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = ExtensionConfig.from_mapping({"prefetch_min_accuracy": 0.25})
+    assert config.policy_config(100).prefetch_min_accuracy == 0.25
+    assert ExtensionConfig().policy_config(100).prefetch_min_accuracy == 0.5
+    with pytest.raises(ExtensionConfigError, match="prefetch_min_accuracy"):
+        ExtensionConfig.from_mapping({"prefetch_min_accuracy": 1.5}).policy_config(100)
+    assert serve_main(["serve", "m", "--prefetch-min-accuracy", "0", "--print-command"]) == 0
+    assert '"prefetch_min_accuracy": 0.0' in capsys.readouterr().out

@@ -329,6 +329,81 @@ def test_a_warmup_whose_branch_is_not_expected_takes_no_room() -> None:
     assert pool.refs[30] == 1 and e.stats.held_blocks == 3
 
 
+def waste_warmups(e: EngineRetention, clock: Clock, count: int) -> None:
+    """``count`` sessions whose warmed retention is released before they return."""
+    for i in range(count):
+        sid = f"wasted{i}"
+        assert e.request_added(f"{sid}-r", other_params(sid, 5.0))
+        e.request_finished(f"{sid}-r", [1000 + i])
+        lowered = other_params(sid, 5.0)
+        lowered[PREFETCH_KEY] = True
+        assert e.request_added(f"{sid}-w", lowered)
+        e.request_scheduled(f"{sid}-w")
+        e.request_finished(f"{sid}-w", [1000 + i, 2000 + i])
+        e.control({"tenant": "t", "sid": sid, "events": [{"type": "end"}]})
+        clock.now += 0.01
+
+
+def test_warmed_retentions_are_scored_by_how_they_end() -> None:
+    e, _, clock = engine()
+    run(e, "r1", [1, 2])
+    run(e, "w1", [1, 2, 3], prefetch=True)
+    clock.now = 10.0
+    run(e, "r2", [1, 2, 3, 4])  # back while held: the warm-up paid
+    assert (e.stats.warmups_returned, e.stats.warmups_wasted) == (1, 0)
+    waste_warmups(e, clock, 1)  # released by the session's end first
+    assert (e.stats.warmups_returned, e.stats.warmups_wasted) == (1, 1)
+    # A warm-up that recomputed nothing the branch did not hold is not scored.
+    run(e, "w2", [1, 2], prefetch=True)
+    run(e, "r3", [1, 2, 3, 4, 5])
+    assert (e.stats.warmups_returned, e.stats.warmups_wasted) == (1, 1)
+
+
+def test_wasted_warmups_lose_the_right_to_evict_and_free_blocks_win_it_back() -> None:
+    e, pool, clock = engine()
+    run(e, "r1", [1, 2, 3])  # session s, due back at ~10 s
+    e.make_room(3)
+    assert e.request_added("late", other_params("late", 600.0))
+    e.request_finished("late", [30, 31, 32])
+    assert e.policy.warmups_take_room
+    waste_warmups(e, clock, 6)
+    assert e.policy.prefetch_accuracy < 0.5 and not e.policy.warmups_take_room
+    assert e.request_added("w1", params(prefetch=True))
+    pool.free = 0
+    assert e.defers("w1", 3)  # it would have to evict ``late``
+    assert not e.make_room(3, "w1")
+    assert pool.refs[30] == 1
+    pool.free = 3
+    assert not e.defers("w1", 3)  # free blocks are still its to use
+    e.request_scheduled("w1")
+    e.request_finished("w1", [1, 2, 3])
+    for i in range(20):  # warm-ups on free blocks that pay restore the right
+        sid = f"paid{i}"
+        assert e.request_added(f"{sid}-r", other_params(sid, 5.0))
+        e.request_finished(f"{sid}-r", [3000 + i])
+        lowered = other_params(sid, 5.0)
+        lowered[PREFETCH_KEY] = True
+        assert e.request_added(f"{sid}-w", lowered)
+        e.request_scheduled(f"{sid}-w")
+        e.request_finished(f"{sid}-w", [3000 + i, 4000 + i])
+        assert e.request_added(f"{sid}-back", other_params(sid, 5.0))
+        e.request_scheduled(f"{sid}-back")
+    assert e.policy.warmups_take_room
+
+
+def test_warmups_always_take_room_at_a_minimum_accuracy_of_zero() -> None:
+    clock = Clock()
+    config = PolicyConfig(total_blocks=100, max_held_fraction=1.0, prefetch_min_accuracy=0.0)
+    e = EngineRetention(RetentionPolicy(config, clock=clock), Pool(), None, clock=clock)
+    run(e, "r1", [1, 2, 3])
+    e.make_room(3)
+    assert e.request_added("late", other_params("late", 600.0))
+    e.request_finished("late", [30, 31, 32])
+    waste_warmups(e, clock, 10)
+    assert e.request_added("w1", params(prefetch=True))
+    assert e.make_room(3, "w1")
+
+
 @pytest.mark.parametrize(
     "bad", [{"pbr": ["x"]}, {"ttl": "60"}, {"gap": True}, {"prio": 9}, {"br": 7}]
 )

@@ -60,6 +60,11 @@ class PolicyConfig:
         min_retain_s: Shortest deadline (a client ``ttl`` may ask for less).
         max_pending_returns: Branches whose departure time is remembered to
             learn gaps even when their retention is gone (LRU).
+        prefetch_min_accuracy: Prefetch warm-ups may take room from retentions
+            (of branches due back later) only while at least this share of
+            recent warmed retentions lasted until their branch came back
+            (``RetentionPolicy.prefetch_accuracy``); below it they use free
+            blocks only. 0 lets them always take room.
         estimator: Priors and bounds of the gap estimator.
     """
 
@@ -71,6 +76,7 @@ class PolicyConfig:
     gap_slack: float = 2.0
     min_retain_s: float = 5.0
     max_pending_returns: int = 16384
+    prefetch_min_accuracy: float = 0.5
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
 
     def __post_init__(self) -> None:
@@ -84,6 +90,8 @@ class PolicyConfig:
             raise ValueError("gap_slack must be >= 1")
         if self.max_pending_returns < 1:
             raise ValueError("max_pending_returns must be >= 1")
+        if not 0 <= self.prefetch_min_accuracy <= 1:
+            raise ValueError("prefetch_min_accuracy must be in [0, 1]")
 
     @property
     def held_cap(self) -> int:

@@ -42,6 +42,8 @@ class PolicyStats:
     predicted_returns: int
     return_log2_error_sum: float
     returns_within_2x: int
+    warmups_returned: int
+    warmups_wasted: int
 
 
 class RetentionPolicy:
@@ -104,6 +106,7 @@ class RetentionPolicy:
         self._outcomes: Counter[Outcome] = Counter()
         self._holds = 0
         self._calibration = _Calibration()
+        self._prefetch = _PrefetchAccuracy()
 
     # Introspection.
 
@@ -128,6 +131,20 @@ class RetentionPolicy:
         return iter(self._retentions.values())
 
     @property
+    def prefetch_accuracy(self) -> float:
+        """Share of recent warmed retentions that lasted until their branch
+        came back (decaying, optimistic prior; see ``_PrefetchAccuracy``)."""
+        return self._prefetch.rate
+
+    @property
+    def warmups_take_room(self) -> bool:
+        """May a prefetch warm-up release retentions (of branches due back
+        after its own)? Not while recent warm-ups were mostly wasted: each
+        such eviction then costs a branch its prefix for a warm-up that
+        likely does not pay."""
+        return self._prefetch.rate >= self.config.prefetch_min_accuracy
+
+    @property
     def stats(self) -> PolicyStats:
         r = self._released
         return PolicyStats(
@@ -146,6 +163,8 @@ class RetentionPolicy:
             predicted_returns=self._calibration.returns,
             return_log2_error_sum=self._calibration.log2_error_sum,
             returns_within_2x=self._calibration.within_2x,
+            warmups_returned=self._prefetch.returned,
+            warmups_wasted=self._prefetch.wasted,
         )
 
     # Request events.
@@ -209,6 +228,10 @@ class RetentionPolicy:
         horizon = now + self._hold_limit(hints.ttl)
         kept_blocks = old.block_ids if old is not None and not (departs and block_ids) else ()
         blocks = tuple(dict.fromkeys((*kept_blocks, *block_ids)))
+        # A warm-up that only re-touched held blocks recomputed nothing.
+        warmed = not departs and (
+            (old is not None and old.warmed) or len(blocks) > len(kept_blocks)
+        )
         if horizon <= now or not blocks:  # ttl 0 asks for no retention
             return self._decide(actions)
         # A warm-up re-creates the retention its branch had when it left.
@@ -229,6 +252,7 @@ class RetentionPolicy:
             ttl=hints.ttl,
             parent=hints.pbr,
             children=old.children if old is not None else set(),
+            warmed=warmed,
         )
         if not departs and old is not None and old.arrived_at is not None:
             r.arrived_at, r.plan = old.arrived_at, old.plan
@@ -522,6 +546,8 @@ class RetentionPolicy:
             del self._sessions[(key.tenant, key.sid)]
         freed, tenant_freed = self._ledger.remove(key.tenant, r.block_ids)
         self._released[reason] += 1
+        if r.warmed and reason not in (ReleaseReason.REPLACED, ReleaseReason.RESET):
+            self._prefetch.add(reason is ReleaseReason.RETURNED)
         return Release(key, r.block_ids, reason), freed, tenant_freed
 
     def _schedule(self, r: Retention) -> None:
@@ -562,6 +588,45 @@ class _Calibration:
         self.returns += 1
         self.log2_error_sum += error
         self.within_2x += error <= 1.0
+
+
+_ACCURACY_MEMORY = 32.0
+"""Warm-up outcomes ``_PrefetchAccuracy`` effectively remembers."""
+
+_ACCURACY_PRIOR = 4.0
+"""Pseudo-outcomes, all returned, that a new ``_PrefetchAccuracy`` starts with."""
+
+
+@dataclass(slots=True)
+class _PrefetchAccuracy:
+    """Outcomes of warmed retentions: ``returned`` (the branch came back
+    while they were held) or ``wasted`` (released first: under pressure, at
+    their deadline, or by the session's end). A replaced one is scored by its
+    replacement, a reset one not at all.
+
+    ``rate`` is the returned share of the outcomes, as counts that decay by
+    ``1 / _ACCURACY_MEMORY`` per outcome, over an optimistic prior
+    (``_ACCURACY_PRIOR`` returned): prefetch starts trusted and loses its
+    right to evict on evidence. Invariant: ``0 < rate <= 1``.
+    """
+
+    returned: int = 0
+    wasted: int = 0
+    _hits: float = _ACCURACY_PRIOR
+    _total: float = _ACCURACY_PRIOR
+
+    @property
+    def rate(self) -> float:
+        return self._hits / self._total
+
+    def add(self, returned: bool) -> None:
+        keep = 1.0 - 1.0 / _ACCURACY_MEMORY
+        self._hits = self._hits * keep + returned
+        self._total = self._total * keep + 1.0
+        if returned:
+            self.returned += 1
+        else:
+            self.wasted += 1
 
 
 def _beyond(now: float, horizon: float, seconds: float | None) -> bool:

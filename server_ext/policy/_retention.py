@@ -40,6 +40,8 @@ class Retention:
             when the retention is replaced, dropped when the branch returns.
         arrived_at: When the branch's next request reached the engine, if it
             is queued: its blocks are the surest next use of all.
+        warmed: A prefetch warm-up recomputed some of ``block_ids``; how the
+            retention ends (its branch back, or released first) scores prefetch.
         token: Current heap entry id.
     """
 
@@ -55,6 +57,7 @@ class Retention:
     parent: str | None = None
     children: set[str] = field(default_factory=set)
     arrived_at: float | None = None
+    warmed: bool = False
     token: int = -1
 
     @property
