@@ -601,8 +601,8 @@ _ACCURACY_PRIOR = 4.0
 class _PrefetchAccuracy:
     """Outcomes of warmed retentions: ``returned`` (the branch came back
     while they were held) or ``wasted`` (released first: under pressure, at
-    their deadline, or by the session's end). A replaced one is scored by its
-    replacement, a reset one not at all.
+    their deadline, or by the session's end). A replaced or reset one is not
+    scored (a warm-up that replaces it carries its mark on).
 
     ``rate`` is the returned share of the outcomes, as counts that decay by
     ``1 / _ACCURACY_MEMORY`` per outcome, over an optimistic prior
