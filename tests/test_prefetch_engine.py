@@ -329,18 +329,23 @@ def test_a_warmup_whose_branch_is_not_expected_takes_no_room() -> None:
     assert pool.refs[30] == 1 and e.stats.held_blocks == 3
 
 
-def waste_warmups(e: EngineRetention, clock: Clock, count: int) -> None:
-    """``count`` sessions whose warmed retention is released before they return."""
+def warm_sessions(e: EngineRetention, clock: Clock, count: int, pay: bool) -> None:
+    """``count`` new sessions, each warmed while away, then back while the
+    warmed retention is held (``pay``) or ended first."""
     for i in range(count):
-        sid = f"wasted{i}"
+        sid, block = f"{'paid' if pay else 'wasted'}{i}", 1000 + 2 * i + 10_000 * pay
         assert e.request_added(f"{sid}-r", other_params(sid, 5.0))
-        e.request_finished(f"{sid}-r", [1000 + i])
+        e.request_finished(f"{sid}-r", [block])
         lowered = other_params(sid, 5.0)
         lowered[PREFETCH_KEY] = True
         assert e.request_added(f"{sid}-w", lowered)
         e.request_scheduled(f"{sid}-w")
-        e.request_finished(f"{sid}-w", [1000 + i, 2000 + i])
-        e.control({"tenant": "t", "sid": sid, "events": [{"type": "end"}]})
+        e.request_finished(f"{sid}-w", [block, block + 1])
+        if pay:
+            assert e.request_added(f"{sid}-back", other_params(sid, 5.0))
+            e.request_scheduled(f"{sid}-back")
+        else:
+            e.control({"tenant": "t", "sid": sid, "events": [{"type": "end"}]})
         clock.now += 0.01
 
 
@@ -351,7 +356,7 @@ def test_warmed_retentions_are_scored_by_how_they_end() -> None:
     clock.now = 10.0
     run(e, "r2", [1, 2, 3, 4])  # back while held: the warm-up paid
     assert (e.stats.warmups_returned, e.stats.warmups_wasted) == (1, 0)
-    waste_warmups(e, clock, 1)  # released by the session's end first
+    warm_sessions(e, clock, 1, pay=False)  # released by the session's end first
     assert (e.stats.warmups_returned, e.stats.warmups_wasted) == (1, 1)
     # A warm-up that recomputed nothing the branch did not hold is not scored.
     run(e, "w2", [1, 2], prefetch=True)
@@ -366,7 +371,7 @@ def test_wasted_warmups_lose_the_right_to_evict_and_free_blocks_win_it_back() ->
     assert e.request_added("late", other_params("late", 600.0))
     e.request_finished("late", [30, 31, 32])
     assert e.policy.warmups_take_room
-    waste_warmups(e, clock, 6)
+    warm_sessions(e, clock, 6, pay=False)
     assert e.policy.prefetch_accuracy < 0.5 and not e.policy.warmups_take_room
     assert e.request_added("w1", params(prefetch=True))
     pool.free = 0
@@ -377,17 +382,7 @@ def test_wasted_warmups_lose_the_right_to_evict_and_free_blocks_win_it_back() ->
     assert not e.defers("w1", 3)  # free blocks are still its to use
     e.request_scheduled("w1")
     e.request_finished("w1", [1, 2, 3])
-    for i in range(20):  # warm-ups on free blocks that pay restore the right
-        sid = f"paid{i}"
-        assert e.request_added(f"{sid}-r", other_params(sid, 5.0))
-        e.request_finished(f"{sid}-r", [3000 + i])
-        lowered = other_params(sid, 5.0)
-        lowered[PREFETCH_KEY] = True
-        assert e.request_added(f"{sid}-w", lowered)
-        e.request_scheduled(f"{sid}-w")
-        e.request_finished(f"{sid}-w", [3000 + i, 4000 + i])
-        assert e.request_added(f"{sid}-back", other_params(sid, 5.0))
-        e.request_scheduled(f"{sid}-back")
+    warm_sessions(e, clock, 20, pay=True)  # warm-ups on free blocks that pay win it back
     assert e.policy.warmups_take_room
 
 
@@ -399,7 +394,7 @@ def test_warmups_always_take_room_at_a_minimum_accuracy_of_zero() -> None:
     e.make_room(3)
     assert e.request_added("late", other_params("late", 600.0))
     e.request_finished("late", [30, 31, 32])
-    waste_warmups(e, clock, 10)
+    warm_sessions(e, clock, 10, pay=False)
     assert e.request_added("w1", params(prefetch=True))
     assert e.make_room(3, "w1")
 
