@@ -310,8 +310,11 @@ class EngineRetention:
         A warm-up never runs beside a real prefill, only on an idle engine or
         beside decodes: it waits while a real request (hinted or not, from any
         API server) waits or prefills, and when it does not fit without the
-        blocks of a branch due back before its own. (vLLM stops admitting for
-        the step at the first request that cannot get blocks, so a warm-up
+        blocks of a branch due back before its own. While recent warm-ups were
+        mostly wasted (``RetentionPolicy.warmups_take_room``), one starts only
+        on an idle engine: a warm-up that likely does not pay should cost real
+        requests nothing, not even a slower decode step. (vLLM stops admitting
+        for the step at the first request that cannot get blocks, so a warm-up
         left in the queue unable to allocate would hold up every real request
         behind it.)
         """
@@ -331,6 +334,8 @@ class EngineRetention:
 
     def _warmup_waits(self, warmup: _Tracked, uncached_blocks: int, now: float) -> bool:
         if any(_prefilling(p) for p in self._real.values()):
+            return True
+        if self._real and not self.policy.warmups_take_room:
             return True
         short = uncached_blocks - self._pool.free_blocks()
         if short <= 0:

@@ -380,6 +380,12 @@ def test_wasted_warmups_lose_the_right_to_evict_and_free_blocks_win_it_back() ->
     assert pool.refs[30] == 1
     pool.free = 3
     assert not e.defers("w1", 3)  # free blocks are still its to use
+    real = Progress(num_prompt_tokens=64, num_computed_tokens=65)
+    assert e.request_added("x1", other_params("x", 5.0), 1, real)
+    e.request_scheduled("x1")  # a real request decodes
+    assert e.defers("w1", 3)  # ... so it waits for an idle engine
+    e.request_finished("x1", [])
+    assert not e.defers("w1", 3)
     e.request_scheduled("w1")
     e.request_finished("w1", [1, 2, 3])
     warm_sessions(e, clock, 20, pay=True)  # warm-ups on free blocks that pay win it back
