@@ -333,9 +333,9 @@ class EngineRetention:
         return self._gate.defer(request_id, uncached_blocks, now, return_due)
 
     def _warmup_waits(self, warmup: _Tracked, uncached_blocks: int, now: float) -> bool:
-        if any(_prefilling(p) for p in self._real.values()):
-            return True
-        if self._real and not self.policy.warmups_take_room:
+        if self._real and (
+            not self.policy.warmups_take_room or any(map(_prefilling, self._real.values()))
+        ):
             return True
         short = uncached_blocks - self._pool.free_blocks()
         if short <= 0:

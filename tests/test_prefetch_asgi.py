@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hints_spec import AgentHints, End
+from hints_spec import USER_TOOL, AgentHints, End, ToolStart
 from server_ext import AgentHintsMiddleware, ExtensionConfig, ExtensionConfigError
 from server_ext.__main__ import main as serve_main
 from server_ext._engine import PREFETCH_KEY, hint_params
@@ -300,8 +300,6 @@ def test_end_cancels_by_hint_and_by_control_event() -> None:
 
 def test_tool_start_eta_moves_the_warmup_and_late_ones_are_skipped() -> None:
     async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
-        from hints_spec import ToolStart
-
         before = counts()
         await request(p, lowered(), BRANCH)
         p.control(KEY.tenant, KEY.sid, [ToolStart(type="tool_start", tool="build", eta=60)])
@@ -325,8 +323,6 @@ def test_tool_start_eta_moves_the_warmup_and_late_ones_are_skipped() -> None:
 
 def test_a_wait_on_the_user_is_not_warmed() -> None:
     async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
-        from hints_spec import USER_TOOL, ToolStart
-
         await request(p, lowered(), BRANCH)
         p.control(KEY.tenant, KEY.sid, [ToolStart(type="tool_start", tool=USER_TOOL, eta=60)])
         for clock.now in (30.0, 59.5, 61.0):
