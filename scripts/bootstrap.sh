@@ -12,10 +12,14 @@ if [ -f "$STAMP" ]; then
 fi
 
 # Mooncake's non-CUDA wheel links libibverbs even over TCP.
+# As root, or through passwordless sudo (CI runners that are not root).
 if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
-  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  AS_ROOT=()
+  [ "$(id -u)" = 0 ] || AS_ROOT=(sudo -n)
+  if command -v apt-get >/dev/null && "${AS_ROOT[@]}" true 2>/dev/null; then
     echo "bootstrap: installing libibverbs1 (apt)"
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null
+    "${AS_ROOT[@]}" apt-get update -qq >/dev/null
+    "${AS_ROOT[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null
   else
     echo "bootstrap: libibverbs1 missing and apt unavailable; Mooncake tests will skip" >&2
   fi
