@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from ._config import CONNECTOR_MODULE, CONNECTOR_NAME
+from .tier import TierConfig, kv_role
 
 __all__ = ["MIDDLEWARE", "extension_flags", "vllm_command"]
 
@@ -20,11 +21,12 @@ MIDDLEWARE = "server_ext.AgentHintsMiddleware"
 
 
 def extension_flags(extra_config: Mapping[str, object] | None = None) -> list[str]:
-    """The two vLLM flags that enable the extension."""
+    """The two vLLM flags that enable the extension (``TierConfigError`` for an
+    invalid tier setting, before vLLM starts)."""
     transfer = {
         "kv_connector": CONNECTOR_NAME,
         "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_role": "kv_both",
+        "kv_role": kv_role(TierConfig.from_mapping(extra_config)),
         "kv_connector_extra_config": dict(extra_config or {}),
     }
     return ["--middleware", MIDDLEWARE, "--kv-transfer-config", json.dumps(transfer)]

@@ -10,7 +10,8 @@ here:
   ``build_connector_meta`` (every step), ``update_connector_output``,
   ``request_finished`` (before blocks are freed), ``get_kv_connector_stats`` /
   ``build_prom_metrics`` (metrics); ``KVTransferConfig.kv_load_failure_policy``
-  (set to ``recompute`` when a tier is on: a tier miss is recomputed, never fails);
+  (set to ``recompute`` when a tier is on: a tier miss is recomputed, never fails)
+  and ``is_kv_consumer`` (a tier needs the consumer role's ordered frees);
 - ``KVConnectorBase_V1`` (worker role, only with a tier): ``register_kv_caches``
   (logical per-layer shape ``[2, blocks, heads, tokens, dim]``), ``start_load_kv``
   (sync loads run before the forward), ``wait_for_save`` (after it),
@@ -63,6 +64,7 @@ from .tier import (
     KVTier,
     MooncakeTier,
     TierConfig,
+    TierConfigError,
     TierOps,
     TierPlanner,
     TierReport,
@@ -71,7 +73,7 @@ from .tier import (
 )
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import KVTransferConfig, VllmConfig
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -298,6 +300,15 @@ def _tier_identity(params: Mapping[str, Any] | None, ttl_cap_s: float) -> tuple[
     return read.tenant, min(float(pin), ttl_cap_s)
 
 
+def _check_kv_role(tier: TierConfig | None, transfer: KVTransferConfig) -> None:
+    """A tier loads KV into device blocks: vLLM must know the connector as a
+    consumer, or it may reuse a freed block that a step in flight still writes."""
+    if tier is not None and not transfer.is_kv_consumer:
+        raise TierConfigError(
+            f'kv_role={transfer.kv_role!r}: a tier loads KV, set "kv_role": "kv_both"'
+        )
+
+
 def _shared_store_probe(config: TierConfig) -> GuardedTier:
     """A query-only Mooncake client for the scheduler: which blocks other
     engines stored. It contributes no memory; the scheduler waits on it, so a
@@ -323,6 +334,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
         --kv-transfer-config '{"kv_connector": "AgentHintsConnector",
           "kv_connector_module_path": "server_ext._vllm", "kv_role": "kv_both",
           "kv_connector_extra_config": {"tier": "host", "tier_bytes": 1073741824}}'
+
+    (``kv_role`` as ``server_ext.extension_flags`` sets it: ``kv_both`` with a
+    tier, ``kv_producer`` without.)
     """
 
     def __init__(
@@ -332,6 +346,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         extra = self._kv_transfer_config.kv_connector_extra_config
         self._config = ExtensionConfig.from_mapping(extra)
         self._tier_config = TierConfig.from_mapping(extra)
+        _check_kv_role(self._tier_config, self._kv_transfer_config)
         self._total_blocks = int(kv_cache_config.num_blocks)
         self._block_size = int(vllm_config.cache_config.block_size)
         self._retention: EngineRetention | None = None
@@ -354,8 +369,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
     def requires_kv_delivery(self) -> bool:
         """False: retention and tier saves are best effort (a lost save is a later
         miss), so a preempted request keeps its in-flight output as it would
-        without the extension (vLLM's default follows ``kv_role``, which is
-        ``kv_both`` here for the tier's loads)."""
+        without the extension (vLLM's default follows ``kv_role``, which names a
+        producer here)."""
         return False
 
     def _make_planner(

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from typing import Literal
+
+import pytest
+from vllm.config import KVTransferConfig
+
 from hints_spec import AgentHints
+from server_ext import extension_flags
 from server_ext._engine import TENANT_KEY, hint_params
-from server_ext._vllm import AgentHintsConnector, TierWorkerMetadata, _tier_identity
-from server_ext.tier import TierReport
+from server_ext._vllm import (
+    AgentHintsConnector,
+    TierWorkerMetadata,
+    _check_kv_role,
+    _tier_identity,
+)
+from server_ext.tier import TierConfig, TierConfigError, TierReport
 
 
 def test_only_hinted_requests_use_the_tier_with_a_capped_soft_pin() -> None:
@@ -37,3 +49,33 @@ def test_the_connector_asks_no_reliable_kv_delivery() -> None:
     prop = AgentHintsConnector.__dict__["requires_kv_delivery"]
     assert isinstance(prop, property) and prop.fget is not None
     assert prop.fget(object.__new__(AgentHintsConnector)) is False
+
+
+def _role(extra: dict[str, object]) -> str:
+    flags = extension_flags(extra)
+    role = json.loads(flags[flags.index("--kv-transfer-config") + 1])["kv_role"]
+    assert isinstance(role, str)
+    return role
+
+
+def test_only_a_tier_makes_the_connector_a_kv_consumer() -> None:
+    # A consumer's finished blocks are freed a step late under async scheduling:
+    # without a tier nothing is loaded, so nothing should pay for that.
+    assert _role({}) == "kv_producer"
+    assert _role({"max_held_fraction": 0.5}) == "kv_producer"
+    assert _role({"tier": "host"}) == "kv_both"
+    assert _role({"tier": "mooncake"}) == "kv_both"
+    with pytest.raises(TierConfigError, match="'tier'"):
+        extension_flags({"tier": "disk"})
+
+
+def test_a_tier_without_the_consumer_role_is_refused() -> None:
+    host = TierConfig.from_mapping({"tier": "host"})
+
+    def transfer(role: Literal["kv_producer", "kv_both"]) -> KVTransferConfig:
+        return KVTransferConfig(kv_connector="AgentHintsConnector", kv_role=role)
+
+    with pytest.raises(TierConfigError, match=r"kv_role='kv_producer'.*kv_both"):
+        _check_kv_role(host, transfer("kv_producer"))
+    _check_kv_role(host, transfer("kv_both"))
+    _check_kv_role(None, transfer("kv_producer"))

@@ -10,7 +10,7 @@ side plans (``TierPlanner``), the worker side moves bytes (``TierWorker``); only
 """
 
 from ._blocks import BlockCodec
-from ._config import TierConfig, TierConfigError
+from ._config import TierConfig, TierConfigError, kv_role
 from ._guard import GuardedTier
 from ._host import HostTier
 from ._index import KeyIndex
@@ -41,6 +41,7 @@ __all__ = [
     "TierWorker",
     "block_key",
     "checksum",
+    "kv_role",
     "local_mooncake_master",
     "shard_key",
 ]

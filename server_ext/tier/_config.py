@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["TierConfig", "TierConfigError"]
+__all__ = ["TierConfig", "TierConfigError", "kv_role"]
 
 
 class TierConfigError(ValueError):
@@ -62,3 +62,15 @@ class TierConfig:
             mooncake_segment_bytes=int(_number(extra, "mooncake_segment_bytes", 256 << 20)),
             timeout_s=float(_number(extra, "tier_timeout_s", 1.0)),
         )
+
+
+def kv_role(tier: TierConfig | None) -> str:
+    """The connector's vLLM ``kv_role``.
+
+    With a tier the connector loads KV into device blocks, so vLLM must know it
+    as a consumer (``kv_both``): under async scheduling it then defers freeing a
+    finished request's blocks until no step in flight can still write them.
+    Without one it loads nothing, and ``kv_producer`` spares every request that
+    deferral.
+    """
+    return "kv_both" if tier is not None else "kv_producer"
