@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
@@ -64,8 +65,10 @@ _R = TypeVar("_R")
 def _contained(fallback: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Hints are advisory: a fault in retention must never take the engine down.
 
-    The wrapped engine hook logs the fault, counts it and returns ``fallback``, so
-    the engine goes on serving as plain vLLM would.
+    The wrapped engine hook logs the fault, counts it, drops every retention (the
+    policy may have stopped half-way through an update, so its state is not
+    trusted: ``EngineRetention.recover``) and returns ``fallback``; the engine
+    goes on serving as plain vLLM would until new hints retain again.
     """
 
     def wrap(method: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -74,10 +77,11 @@ def _contained(fallback: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
             try:
                 return method(*args, **kwargs)
             except Exception:
-                logger.exception("agent-hints: %s failed; serving without it", method.__name__)
+                logger.exception("agent-hints: %s failed; all retentions dropped", method.__name__)
                 self = args[0]
                 assert isinstance(self, EngineRetention)
                 self.faults += 1
+                self.recover()
                 return fallback  # type: ignore[no-any-return]
 
         return guarded
@@ -204,11 +208,14 @@ class _Tracked(NamedTuple):
 class EngineRetention:
     """Applies a ``RetentionPolicy`` to a block pool, one engine event at a time.
 
-    Invariant: every block id this object ever passed to ``pool.hold`` is passed
-    to ``pool.release`` exactly once, after the policy's matching ``Release``
-    (the policy guarantees the pairing); within one batch of actions all holds
-    are applied before any release, so a block shared by a replaced retention and
-    its replacement never drops to refcount 0 in between.
+    Invariant: every block reference this object takes with ``pool.hold`` is
+    given back with ``pool.release`` exactly once: after the policy's matching
+    ``Release``, or at ``recover``. The policy guarantees the pairing, and this
+    object checks it against its own count of references: a batch of actions
+    that would release one it does not hold is a policy fault, refused before
+    the pool is touched. Within one batch all holds are applied before any
+    release, so a block shared by a replaced retention and its replacement never
+    drops to refcount 0 in between.
 
     A prefetch warm-up (``PREFETCH_KEY``) is not its branch's return: it
     neither ends the retention nor teaches the estimator a gap, and when it
@@ -246,6 +253,8 @@ class EngineRetention:
         # the blocks a paused warm-up holds.
         self.warmups_yield = False
         self.faults = 0
+        # Block references taken with ``pool.hold`` and not yet released.
+        self._held: Counter[int] = Counter()
 
     @property
     def stats(self) -> PolicyStats:
@@ -463,10 +472,33 @@ class EngineRetention:
             if k == key or (session and k.sibling(ROOT) == key):
                 self._keys[request_id] = tracked._replace(obsolete=True)
 
+    def recover(self) -> None:
+        """Drop every retention after a fault: the policy forgets them all, and
+        the pool gets back each reference this object took (from its own count,
+        not from the policy's state, which the fault may have left half-updated).
+        Learned gaps and counters survive."""
+        held, self._held = self._held, Counter()
+        try:
+            self.policy.forget_all()
+        finally:
+            if held:
+                self._pool.release(list(held.elements()))
+
     def _apply(self, actions: list[Action]) -> None:
-        for action in actions:
-            if isinstance(action, Hold):
-                self._pool.hold(action.block_ids)
-        for action in actions:
-            if not isinstance(action, Hold):
-                self._pool.release(action.block_ids)
+        holds = [a.block_ids for a in actions if isinstance(a, Hold)]
+        releases = [a.block_ids for a in actions if not isinstance(a, Hold)]
+        if releases:
+            released = Counter(b for ids in releases for b in ids)
+            taken = Counter(b for ids in holds for b in ids)
+            if any(self._held[b] + taken[b] < n for b, n in released.items()):
+                raise RuntimeError("the policy released a block reference it never held")
+        for block_ids in holds:
+            self._pool.hold(block_ids)
+            self._held.update(block_ids)
+        for block_ids in releases:
+            self._pool.release(block_ids)
+            for b in block_ids:
+                if self._held[b] == 1:
+                    del self._held[b]
+                else:
+                    self._held[b] -= 1

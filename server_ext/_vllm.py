@@ -194,7 +194,7 @@ _COUNTERS = {
     "resets": "Retentions released by a prefix-cache reset",
     "clipped": "Retention hints clipped by a budget or TTL cap",
     "rejected": "Retention hints rejected (over budget, unknown branch)",
-    "faults": "Internal retention faults contained (the engine served without hints)",
+    "faults": "Internal retention faults contained (each dropped all retentions)",
     "deferrals": "Scheduler steps a long cold prefill waited for a cheaper hinted request",
     "warmup_yields": "Scheduler steps a running prefetch warm-up sat out for a real prefill",
     "predicted_returns": "Branch returns whose predicted gap was checked against the actual one",

@@ -1,4 +1,5 @@
-"""Engine side of a prefetch warm-up: not a return, re-retains, cancelled by an end."""
+"""Engine side of retention: a prefetch warm-up (not a return, re-retains,
+cancelled by an end), and what a fault in the policy leaves behind."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import pytest
 
 from hints_spec import AgentHints
 from server_ext._engine import PREFETCH_KEY, EngineRetention, control_params, hint_params
-from server_ext.policy import BranchKey, PolicyConfig, RetentionPolicy, WarmFirstGate
+from server_ext.policy import (
+    BranchKey,
+    PolicyConfig,
+    Release,
+    ReleaseReason,
+    RetentionPolicy,
+    WarmFirstGate,
+)
 
 KEY = BranchKey("t", "s")
 HINTS = AgentHints(sid="s", gap=10.0)
@@ -422,3 +430,48 @@ def test_a_malformed_lowered_hint_is_no_hint(bad: dict[str, object]) -> None:
     e.step_scheduled({})
     assert e.faults == 0 and e.stats.held_blocks == 0 and +pool.refs == Counter()
     assert all(v >= 0 for v in pool.refs.values())
+
+
+def retain_two(e: EngineRetention) -> None:
+    run(e, "r1", [1, 2, 3])
+    assert e.request_added("r2", hint_params("t", AgentHints(sid="s2", gap=10.0)))
+    e.request_scheduled("r2")
+    e.request_finished("r2", [1, 2, 4])  # shares blocks 1 and 2 with r1
+    assert e.stats.retained_branches == 2
+
+
+def test_a_policy_fault_drops_every_retention_and_gives_each_reference_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    e, pool, _ = engine()
+    retain_two(e)
+    assert pool.refs == Counter({1: 2, 2: 2, 3: 1, 4: 1})
+    holds = e.stats.holds
+
+    def half_done(now: float | None = None) -> list[object]:
+        e.policy._retentions.popitem()  # stops half-way through an update
+        raise RuntimeError("policy bug")
+
+    monkeypatch.setattr(e.policy, "expire", half_done)
+    e.step_scheduled({})  # contained: the engine step goes on
+    assert e.faults == 1
+    assert +pool.refs == Counter() and min(pool.refs.values()) == 0  # each once
+    assert e.stats.retained_branches == 0 and e.stats.held_blocks == 0
+    assert e.stats.holds == holds  # counters carry on: metrics never go back
+    monkeypatch.undo()
+    run(e, "r3", [7, 8])  # and the next hint retains again
+    assert pool.refs[7] == 1 and e.stats.retained_branches == 1
+
+
+def test_a_release_of_a_reference_never_held_is_refused_before_the_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    e, pool, _ = engine()
+    retain_two(e)
+    bogus = Release(BranchKey("t", "s"), [3, 9], ReleaseReason.EXPIRED)
+    monkeypatch.setattr(e.policy, "expire", lambda now=None: [bogus])
+    e.step_scheduled({})
+    assert e.faults == 1
+    # Block 9 was never held: releasing it would have freed a block some request
+    # owns. Nothing of the bad batch reached the pool; recovery gave back the rest.
+    assert +pool.refs == Counter() and min(pool.refs.values()) == 0

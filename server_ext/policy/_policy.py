@@ -400,6 +400,16 @@ class RetentionPolicy:
         self._heap.clear()
         return actions
 
+    def forget_all(self) -> None:
+        """Drop every retention without a ``Release``: after a fault, when this
+        state may be half-updated, the adapter gives the blocks back from its
+        own count of references. Learned gaps, scores and counters stay."""
+        self._retentions.clear()
+        self._sessions.clear()
+        self._ledger = BlockLedger()
+        self._heap.clear()
+        self._pending.clear()
+
     # Internals.
 
     def _now(self, now: float | None) -> float:
