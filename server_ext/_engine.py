@@ -81,7 +81,10 @@ def _contained(fallback: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
                 self = args[0]
                 assert isinstance(self, EngineRetention)
                 self.faults += 1
-                self.recover()
+                try:
+                    self.recover()
+                except Exception:  # the pool itself failed: nothing more to undo
+                    logger.exception("agent-hints: dropping retentions failed")
                 return fallback  # type: ignore[no-any-return]
 
         return guarded

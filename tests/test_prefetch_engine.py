@@ -475,3 +475,18 @@ def test_a_release_of_a_reference_never_held_is_refused_before_the_pool(
     # Block 9 was never held: releasing it would have freed a block some request
     # owns. Nothing of the bad batch reached the pool; recovery gave back the rest.
     assert +pool.refs == Counter() and min(pool.refs.values()) == 0
+
+
+def test_a_pool_that_fails_during_recovery_still_leaves_the_engine_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    e, pool, _ = engine()
+    retain_two(e)
+
+    def broken(block_ids: Sequence[int]) -> None:
+        raise RuntimeError("block pool bug")
+
+    monkeypatch.setattr(pool, "release", broken)
+    monkeypatch.setattr(e.policy, "expire", lambda now=None: 1 / 0)
+    e.step_scheduled({})  # neither the fault nor the failed recovery escapes
+    assert e.faults == 1 and e.stats.retained_branches == 0
