@@ -120,6 +120,47 @@ def test_header_hint_is_lowered_into_session_id_and_transfer_params() -> None:
     assert transfer["agent_hints"] == AgentHints(sid="s1", br="a", gap=2.5).normalized()
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b'{ "model":"m",  "prompt":[1, 2,3] }', b"\n {}", b'{"model":"m","prompt":"no \\"hint\\""}'],
+    ids=["spaced", "empty", "escaped-quotes"],
+)
+def test_a_body_hinted_only_by_headers_is_spliced_not_re_encoded(body: bytes) -> None:
+    # Decoding and re-encoding a long prompt would block the event loop for
+    # milliseconds: its bytes must reach vLLM as they came, new fields in front.
+    harness, seen, _ = make_app(salt_per_tenant=True)
+    call(harness, "/v1/completions", body, {"Agent-Hints": 'v=1, sid="s1", gap=2'})
+    forwarded = seen[0]
+    assert forwarded.endswith(body[body.index(b"{") + 1 :])
+    added = {
+        "cache_salt": "default",
+        "session_id": "s1",
+        "kv_transfer_params": {
+            "agent_hints": AgentHints(sid="s1", gap=2).normalized(),
+            "agent_hints_tenant": "default",
+        },
+    }
+    assert json.loads(forwarded) == {**json.loads(body), **added}
+
+
+def test_a_body_with_its_own_transfer_params_is_merged_not_spliced() -> None:
+    harness, seen, _ = make_app()
+    body = completion(kv_transfer_params={"other": 1})
+    call(harness, "/v1/completions", body, {"Agent-Hints": 'v=1, sid="s1"'})
+    forwarded = json.loads(seen[0])
+    assert forwarded["kv_transfer_params"]["other"] == 1
+    assert forwarded["kv_transfer_params"]["agent_hints"]["sid"] == "s1"
+    assert list(forwarded).count("kv_transfer_params") == 1
+
+
+def test_a_malformed_body_is_left_for_vllm_to_refuse() -> None:
+    harness, seen, _ = make_app()
+    status, _ = call(harness, "/v1/completions", b'{"prompt": [1, 2', {"Agent-Hints": 'sid="s"'})
+    assert status == 200  # the recording app's answer: the middleware raised nothing
+    with pytest.raises(ValueError):
+        json.loads(seen[0])
+
+
 def test_body_form_is_removed_from_the_body_and_lowered() -> None:
     harness, seen, _ = make_app()
     call(harness, "/v1/chat/completions", completion(agent_hints={"sid": "s2", "end": True}))
