@@ -136,7 +136,7 @@ class AgentHintsMiddleware:
             return body, None
         # A body with nothing to read or edit (hints only in headers, the SDK's
         # way) is not decoded: the new top-level fields are spliced in front of
-        # its members. Re-encoding a 100k-token prompt takes 5-25 ms here, on
+        # its members. Re-encoding a 100k-token prompt took 4-27 ms here, on
         # the event loop every other request's stream shares.
         splice = (
             not marked
