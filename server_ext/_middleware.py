@@ -237,7 +237,7 @@ def _may_carry_hints(body: bytes) -> bool:
     """
     if b"\x00" in body or (b"\\" in body and b"\\u" in body):
         return True
-    return any(_mentions(body, key) for key in _KEYS)
+    return b"_" in body and any(key in body for key in _KEYS)
 
 
 def _mentions(body: bytes, key: bytes) -> bool:
