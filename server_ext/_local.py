@@ -24,11 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from ._launcher import vllm_command
 
 __all__ = ["LocalServer", "ServerStartError", "free_port", "local_server", "stop_process"]
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+def _escape(label_value: str) -> str:
+    """A label value as the exposition format writes it (the parser unescapes it)."""
+    return label_value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 class ServerStartError(RuntimeError):
@@ -65,13 +70,12 @@ class LocalServer:
         with urllib.request.urlopen(self.root_url + "/metrics", timeout=10) as response:
             text = response.read().decode()
         totals: dict[str, float] = {}
-        for line in text.splitlines():
-            match = _SAMPLE.match(line)
-            if match and not line.startswith("#"):
-                name, labels, value = match.group(1), match.group(2), float(match.group(3))
-                totals[name] = totals.get(name, 0.0) + value
-                if labels:
-                    totals[name + labels] = value
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+                if sample.labels:
+                    labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sample.labels.items())
+                    totals[f"{sample.name}{{{labels}}}"] = sample.value
         return totals
 
     def post_json(
