@@ -5,14 +5,32 @@ OpenAI-compatible call carry agent hints; the agent half (``Agent``, ``tool``, `
 fills them in automatically: session, branch, fork, expected tool gap, end.
 """
 
-from ._agent import Agent
+from ._agent import Agent, AgentTool
 from ._client import HintedAsyncOpenAI, HintedOpenAI
-from ._config import ModelSettings, RunConfig, ToolChoice
+from ._config import (
+    DEFAULT_MAX_FORK_DEPTH,
+    DEFAULT_MAX_MODEL_CALLS,
+    ModelSettings,
+    RunConfig,
+    ToolChoice,
+)
 from ._context import RunContext
 from ._control import ControlChannel
-from ._errors import AgentsError, MaxTurnsExceeded, ModelCallError, ToolDefinitionError
+from ._errors import (
+    AgentsError,
+    ForkDepthExceeded,
+    MaxTurnsExceeded,
+    ModelCallError,
+    ModelCallLimitExceeded,
+    NoSessionWarning,
+    OutputValidationError,
+    RunLimitExceeded,
+    ToolDefinitionError,
+    UserError,
+)
 from ._hooks import RunHooks
 from ._items import (
+    AgentInput,
     Message,
     MessageOutputItem,
     RunItem,
@@ -23,9 +41,9 @@ from ._items import (
 from ._latency import LatencyEstimator, LatencyStats
 from ._model import ModelClient
 from ._result import RunResult
-from ._run import DEFAULT_MAX_TURNS, AgentInput, Runner
+from ._run import DEFAULT_MAX_TURNS, Runner
 from ._scope import HintArgumentError, current_hints, hint_scope
-from ._session import InMemorySession, Session, SessionStats, SQLiteSession
+from ._session import SCHEMA_VERSION, InMemorySession, Session, SessionStats, SQLiteSession
 from ._stream import (
     AgentEndEvent,
     AgentStartEvent,
@@ -43,14 +61,19 @@ from ._tool import Tool, tool
 from ._usage import Usage
 
 __all__ = [
+    "DEFAULT_MAX_FORK_DEPTH",
+    "DEFAULT_MAX_MODEL_CALLS",
     "DEFAULT_MAX_TURNS",
+    "SCHEMA_VERSION",
     "Agent",
     "AgentEndEvent",
     "AgentInput",
     "AgentStartEvent",
+    "AgentTool",
     "AgentsError",
     "ControlChannel",
     "ControlRecord",
+    "ForkDepthExceeded",
     "ForkEvent",
     "HintArgumentError",
     "HintedAsyncOpenAI",
@@ -64,15 +87,19 @@ __all__ = [
     "Message",
     "MessageOutputItem",
     "ModelCallError",
+    "ModelCallLimitExceeded",
     "ModelClient",
     "ModelRequest",
     "ModelSettings",
+    "NoSessionWarning",
+    "OutputValidationError",
     "Reply",
     "RunConfig",
     "RunContext",
     "RunHooks",
     "RunItem",
     "RunItemEvent",
+    "RunLimitExceeded",
     "RunResult",
     "RunResultStreaming",
     "Runner",
@@ -91,6 +118,7 @@ __all__ = [
     "ToolEndEvent",
     "ToolStartEvent",
     "Usage",
+    "UserError",
     "current_hints",
     "hint_scope",
     "tool",

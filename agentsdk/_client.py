@@ -6,26 +6,41 @@ into the OpenAI Agents SDK, pydantic-ai or plain code unchanged. The single hook
 attempt; the hook replaces (never mutates) the headers and body mappings it touches, so a retried
 request is identical to the first. ``copy`` / ``with_options`` rebuild via ``self.__class__`` with
 the shared http client, so they stay hinted and keep the connection pool.
+
+Inside a scope each request also carries the W3C ``traceparent`` of the current span
+(vLLM started with ``--otlp-traces-endpoint`` parents its request span on it). A model
+request outside any scope warns once per client (``NoSessionWarning``): the server then
+learns nothing, which is almost always a missing ``hint_scope`` or adapter.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 
 from openai import AsyncOpenAI, OpenAI
 from openai._models import FinalRequestOptions
+from opentelemetry import propagate
 from typing_extensions import override
 
 from hints_spec import HEADER_NAME, SESSION_HEADER
 
+from ._errors import NoSessionWarning
 from ._scope import active_scope
 
-__all__ = ["HintedAsyncOpenAI", "HintedOpenAI"]
+__all__ = ["HintedAsyncOpenAI", "HintedOpenAI", "has_header"]
 
 _CACHE_KEY = "prompt_cache_key"
 # Endpoints whose request body has a typed ``prompt_cache_key`` (chat completions, responses);
 # legacy completions has none and is only given the header.
 _CACHE_KEY_PATHS = ("/chat/completions", "/responses")
+_MODEL_PATHS = (*_CACHE_KEY_PATHS, "/completions")
+_NO_SESSION = (
+    "{client} sent a model request outside any session, so the server cannot keep its"
+    " cache for the next turn: run it inside hint_scope(session=...), through"
+    " agentsdk.Runner, or through the framework's adapter in agentsdk.integrations"
+    " (this warning is shown once per client)"
+)
 
 
 def has_header(mapping: Mapping[str, object], name: str) -> bool:
@@ -35,7 +50,7 @@ def has_header(mapping: Mapping[str, object], name: str) -> bool:
 
 
 def _with_hints(
-    options: FinalRequestOptions, client_headers: Mapping[str, str]
+    options: FinalRequestOptions, client: HintedOpenAI | HintedAsyncOpenAI
 ) -> FinalRequestOptions:
     """Add the scope's headers and session cache key to one attempt's options.
 
@@ -46,11 +61,16 @@ def _with_hints(
     in the call or ``extra_body``.
     """
     scope = active_scope()
-    if scope is None or options.url.startswith(("ws://", "wss://")):
+    if options.url.startswith(("ws://", "wss://")):
         return options
+    if scope is None:
+        _warn_once(options, client)
+        return options
+    client_headers = client._custom_headers
     headers = options.headers if isinstance(options.headers, Mapping) else {}
     sid = scope.hints.sid
     wanted = {HEADER_NAME: scope.header} | ({SESSION_HEADER: sid} if sid is not None else {})
+    propagate.inject(wanted)  # traceparent (and tracestate) of the current span, if any
     added = {
         name: value
         for name, value in wanted.items()
@@ -71,11 +91,21 @@ def _with_hints(
     return options
 
 
+def _warn_once(options: FinalRequestOptions, client: HintedOpenAI | HintedAsyncOpenAI) -> None:
+    if client._warned_no_session or options.method.lower() != "post":
+        return
+    if options.url.partition("?")[0].endswith(_MODEL_PATHS):
+        client._warned_no_session = True
+        warnings.warn(_NO_SESSION.format(client=type(client).__name__), NoSessionWarning, 2)
+
+
 class HintedOpenAI(OpenAI):
     """``openai.OpenAI`` that sends the ambient ``hint_scope`` with every request.
 
     Outside any scope it sends exactly what ``openai.OpenAI`` sends.
     """
+
+    _warned_no_session = False
 
     @property
     @override
@@ -85,7 +115,7 @@ class HintedOpenAI(OpenAI):
 
     @override
     def _prepare_options(self, options: FinalRequestOptions) -> FinalRequestOptions:
-        return super()._prepare_options(_with_hints(options, self._custom_headers))
+        return super()._prepare_options(_with_hints(options, self))
 
 
 class HintedAsyncOpenAI(AsyncOpenAI):
@@ -94,6 +124,8 @@ class HintedAsyncOpenAI(AsyncOpenAI):
     Outside any scope it sends exactly what ``openai.AsyncOpenAI`` sends.
     """
 
+    _warned_no_session = False
+
     @property
     @override
     def user_agent(self) -> str:
@@ -101,4 +133,4 @@ class HintedAsyncOpenAI(AsyncOpenAI):
 
     @override
     async def _prepare_options(self, options: FinalRequestOptions) -> FinalRequestOptions:
-        return await super()._prepare_options(_with_hints(options, self._custom_headers))
+        return await super()._prepare_options(_with_hints(options, self))

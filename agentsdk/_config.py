@@ -1,23 +1,42 @@
-"""Per-agent model settings and per-run configuration."""
+"""Per-agent model settings and per-run configuration, validated when constructed."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
+from pydantic import Field, field_validator
 
-__all__ = ["ModelSettings", "RunConfig", "ToolChoice"]
+from hints_spec import MAX_SECONDS
+
+from ._validated import Validated
+
+__all__ = [
+    "DEFAULT_MAX_FORK_DEPTH",
+    "DEFAULT_MAX_MODEL_CALLS",
+    "TOOL_CHOICE_KEYWORDS",
+    "ModelSettings",
+    "RunConfig",
+    "ToolChoice",
+]
 
 ToolChoice = str
 """``"auto"``, ``"none"``, ``"required"``, or the name of a tool to force."""
 
-_KEYWORDS = frozenset({"auto", "none", "required"})
+TOOL_CHOICE_KEYWORDS = frozenset({"auto", "none", "required"})
+
+DEFAULT_MAX_MODEL_CALLS = 50
+"""Model calls of one run, all branches together: a runaway fan-out stops here."""
+
+DEFAULT_MAX_FORK_DEPTH = 3
+"""How deep sub-agents may nest (1: the root's children only)."""
+
+_Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, strict=True)]
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelSettings:
+class ModelSettings(Validated):
     """Sampling parameters sent with every model call of an agent.
 
     ``tool_choice`` may be a sequence: a per-turn schedule (turn 1 uses the first entry,
@@ -26,13 +45,26 @@ class ModelSettings:
     on its own, and how a run avoids forcing a tool forever.
     """
 
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
-    parallel_tool_calls: bool | None = None
+    temperature: Annotated[float, Field(ge=0, le=2, strict=True)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1, strict=True)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, strict=True)] | None = None
+    seed: Annotated[int, Field(strict=True)] | None = None
+    parallel_tool_calls: Annotated[bool, Field(strict=True)] | None = None
     tool_choice: ToolChoice | Sequence[ToolChoice] | None = None
     extra_body: Mapping[str, object] | None = None
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _schedule(cls, value: object) -> object:
+        """One choice, or a schedule (kept as a tuple: the settings are immutable)."""
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ValueError(
+            '"auto", "none", "required", a tool name, or a list of them (one per turn)'
+            f" expected, got {value!r:.80}"
+        )
 
     def request_options(self, turn: int, has_tools: bool) -> dict[str, Any]:
         """The ``chat.completions.create`` keyword arguments for the 0-based ``turn``."""
@@ -56,7 +88,7 @@ class ModelSettings:
         if choice is not None:
             options["tool_choice"] = (
                 choice
-                if choice in _KEYWORDS
+                if choice in TOOL_CHOICE_KEYWORDS
                 else {"type": "function", "function": {"name": choice}}
             )
         return options
@@ -65,19 +97,17 @@ class ModelSettings:
         """The tool choice of the 0-based ``turn`` (None: the server's default)."""
         if self.tool_choice is None or isinstance(self.tool_choice, str):
             return self.tool_choice
-        schedule = list(self.tool_choice)
-        return schedule[turn] if turn < len(schedule) else "auto"
+        return self.tool_choice[turn] if turn < len(self.tool_choice) else "auto"
 
     def forced_tools(self) -> set[str]:
         """The tool names ``tool_choice`` forces at some turn (they must exist)."""
         choices = (
-            [self.tool_choice] if isinstance(self.tool_choice, str) else self.tool_choice or []
+            [self.tool_choice] if isinstance(self.tool_choice, str) else self.tool_choice or ()
         )
-        return {choice for choice in choices if choice not in _KEYWORDS}
+        return {choice for choice in choices if choice not in TOOL_CHOICE_KEYWORDS}
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunConfig:
+class RunConfig(Validated):
     """Knobs of a run that are not properties of an agent.
 
     ``end_session`` None means: end the session (tell the server it can drop the cache)
@@ -89,20 +119,19 @@ class RunConfig:
     ``Session`` has seen one: a run that ends with its session kept tells the server
     the branch now waits on its user (``tool_start`` for the tool ``user``), with the
     session's learned reply time as ETA.
+    ``max_model_calls`` bounds the model calls of the whole run (every branch) and
+    ``max_fork_depth`` how deep sub-agents nest; reaching either ends the run with a
+    ``RunLimitExceeded``. Spans and GenAI client metrics go to ``tracer_provider`` and
+    ``meter_provider`` (default: the global ones, no-ops unless configured).
     """
 
-    max_tool_concurrency: int = 8
-    tool_timeout: float = 300.0
-    end_session: bool | None = None
-    latency_prior: float = 1.0
-    latency_quantile: float = 0.5
-    user_wait_prior: float = 60.0
-    tracer_provider: TracerProvider | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.max_tool_concurrency < 1:
-            raise ValueError("max_tool_concurrency must be at least 1")
-        if not self.tool_timeout > 0:
-            raise ValueError("tool_timeout must be > 0")
-        if not self.user_wait_prior > 0:
-            raise ValueError("user_wait_prior must be > 0 (seconds)")
+    max_tool_concurrency: Annotated[int, Field(ge=1, strict=True)] = 8
+    tool_timeout: _Seconds = 300.0
+    end_session: Annotated[bool, Field(strict=True)] | None = None
+    latency_prior: _Seconds = 1.0
+    latency_quantile: Annotated[float, Field(gt=0, lt=1, strict=True)] = 0.5
+    user_wait_prior: _Seconds = 60.0
+    max_model_calls: Annotated[int, Field(ge=1, strict=True)] = DEFAULT_MAX_MODEL_CALLS
+    max_fork_depth: Annotated[int, Field(ge=0, strict=True)] = DEFAULT_MAX_FORK_DEPTH
+    tracer_provider: TracerProvider | None = Field(default=None, repr=False)
+    meter_provider: MeterProvider | None = Field(default=None, repr=False)

@@ -4,7 +4,8 @@ Control events only improve the server's cache retention: losing one costs some 
 while raising or stalling would cost the agent its turn. So every failure becomes ``None``, each
 POST is a single attempt with a short timeout, and a server without the endpoint (404/405) is not
 asked again by that client. The POST goes through the openai client itself, so it shares the
-connection pool, auth (API key, provider, workload identity) and default headers.
+connection pool, auth (API key, provider, workload identity) and default headers, and it
+carries the W3C ``traceparent`` of the span current when it is sent.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import anyio.to_thread
 import httpx2
 from openai import APIStatusError, AsyncOpenAI, OpenAI
 from openai._types import RequestOptions
+from opentelemetry import propagate
 
 from hints_spec import (
     CONTROL_PATH,
@@ -152,10 +154,11 @@ class ControlChannel(Generic[_ClientT]):
 
     def _request_options(self, sid: str) -> RequestOptions:
         """One POST's options: the session in ``X-Session-ID`` too, so that a router with
-        session affinity delivers the events to the instance serving the session."""
-        if self._routes_itself:
-            return self._options
-        return {**self._options, "headers": {SESSION_HEADER: sid}}
+        session affinity delivers the events to the instance serving the session, and
+        the current trace context."""
+        headers: dict[str, str] = {} if self._routes_itself else {SESSION_HEADER: sid}
+        propagate.inject(headers)
+        return {**self._options, "headers": headers} if headers else self._options
 
     def _failed(self, err: Exception) -> None:
         if isinstance(err, APIStatusError) and err.status_code in _UNSUPPORTED_STATUS:

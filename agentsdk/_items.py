@@ -6,20 +6,47 @@ sent back); run items are the typed view of the same events for callers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from ._errors import UserError
+
 __all__ = [
+    "AgentInput",
     "Message",
     "MessageOutputItem",
     "RunItem",
     "ToolCall",
     "ToolCallItem",
     "ToolCallOutputItem",
+    "input_messages",
 ]
 
 Message: TypeAlias = dict[str, Any]
 """One Chat Completions message (``{"role": ..., "content": ...}``), JSON-serialisable."""
+
+AgentInput: TypeAlias = str | list[Message]
+"""A user message, or messages to append to the conversation."""
+
+
+def input_messages(input: object, where: str = "input") -> list[Message]:
+    """``input`` as the messages it stands for; raises ``UserError`` for anything else."""
+    if isinstance(input, str):
+        return [{"role": "user", "content": input}]
+    if isinstance(input, Mapping):
+        raise UserError(f"{where}: a single message must be in a list: [{dict(input)!r:.80}]")
+    if not isinstance(input, list | tuple):
+        raise UserError(
+            f"{where}: a str or a list of messages expected, got {type(input).__name__}"
+        )
+    for index, message in enumerate(input):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise UserError(
+                f'{where}[{index}]: a message {{"role": ..., "content": ...}} expected,'
+                f" got {message!r:.80}"
+            )
+    return [dict(message) for message in input]
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ from pydantic import BaseModel, Field
 
 from hints_spec import MAX_SECONDS
 
+from ._errors import UserError
+
 __all__ = ["LatencyEstimator", "LatencyStats"]
 
 _MIN_SECONDS = 1e-3
@@ -59,10 +61,17 @@ class LatencyEstimator:
         quantile: float = 0.5,
         decay: float = 0.95,
     ) -> None:
-        if not 0.0 < quantile < 1.0:
-            raise ValueError("quantile must be in (0, 1)")
-        if not 0.0 < decay <= 1.0:
-            raise ValueError("decay must be in (0, 1]")
+        numbers = all(
+            isinstance(v, int | float) and not isinstance(v, bool)
+            for v in (prior_seconds, quantile, decay)
+        )
+        if not (numbers and prior_seconds > 0 and 0 < quantile < 1 and 0 < decay <= 1):
+            raise UserError(
+                f"LatencyEstimator(prior_seconds={prior_seconds!r}, quantile={quantile!r},"
+                f" decay={decay!r}): need prior_seconds > 0, 0 < quantile < 1, 0 < decay <= 1"
+            )
+        if stats is not None and not isinstance(stats, LatencyStats):
+            raise UserError(f"LatencyEstimator: stats must be LatencyStats, got {stats!r:.60}")
         self.stats = stats if stats is not None else LatencyStats()
         self.prior_seconds = prior_seconds
         self.quantile = quantile

@@ -18,6 +18,7 @@ import anyio
 import anyio.to_thread
 import openai
 from openai.types.chat import ChatCompletion
+from opentelemetry import context as otel_context
 
 from hints_spec import MAX_EVENTS, ControlEvent
 
@@ -25,7 +26,15 @@ from ._client import HintedAsyncOpenAI, HintedOpenAI
 from ._control import CONTROL_TIMEOUT, ControlChannel
 from ._errors import ModelCallError
 
-__all__ = ["ControlSender", "ControlSink", "ModelClient", "control_sink", "create_completion"]
+__all__ = [
+    "ControlSender",
+    "ControlSink",
+    "ModelClient",
+    "control_sink",
+    "create_completion",
+    "is_model_client",
+    "server_of",
+]
 
 
 class _Completions(Protocol):
@@ -51,6 +60,20 @@ class ControlSink(Protocol):
     async def send(self, sid: str, events: Sequence[ControlEvent]) -> object: ...
 
 
+def is_model_client(client: object) -> bool:
+    """Whether ``client`` has the ``chat.completions.create`` a run calls."""
+    completions = getattr(getattr(client, "chat", None), "completions", None)
+    return callable(getattr(completions, "create", None))
+
+
+def server_of(client: ModelClient) -> tuple[str, int] | None:
+    """Host and port the client talks to (``server.address`` / ``server.port``), if known."""
+    if not isinstance(client, openai.OpenAI | openai.AsyncOpenAI) or not client.base_url.host:
+        return None
+    url = client.base_url
+    return url.host, url.port or (443 if url.scheme == "https" else 80)
+
+
 def control_sink(client: ModelClient) -> ControlSink | None:
     """The control channel of a hinted client (or the client itself if it is a sink)."""
     if isinstance(client, HintedAsyncOpenAI | HintedOpenAI):
@@ -61,9 +84,11 @@ def control_sink(client: ModelClient) -> ControlSink | None:
 class ControlSender:
     """Delivers a run's control events in order, without ever making the run wait.
 
-    ``submit`` only queues. One sender task posts the queue in order (a ``tool_end``
-    overtaking its ``tool_start`` would mislead the server), merging whatever queued up
-    during the previous POST into the next one, up to the protocol's 64 events.
+    ``submit`` only queues, with the trace context current at that moment (so each POST
+    carries the ``traceparent`` of the span that caused its events). One sender task
+    posts the queue in order (a ``tool_end`` overtaking its ``tool_start`` would mislead
+    the server), merging whatever queued up during the previous POST into the next one,
+    up to the protocol's 64 events, as long as the events share a trace context.
     Cancelled with its run, the task still posts what is queued until ``close``, for at
     most ``CONTROL_TIMEOUT``: a cancelled run's last events (its end, or the wait on its
     user) are the ones the server most needs.
@@ -72,12 +97,16 @@ class ControlSender:
     def __init__(self, sink: ControlSink, sid: str) -> None:
         self._sink = sink
         self._sid = sid
-        self._queue, self._pending = anyio.create_memory_object_stream[ControlEvent](math.inf)
+        self._queue, self._pending = anyio.create_memory_object_stream[
+            tuple[ControlEvent, otel_context.Context]
+        ](math.inf)
+        self._held: tuple[ControlEvent, otel_context.Context] | None = None
 
     def submit(self, events: Sequence[ControlEvent]) -> None:
+        trace = otel_context.get_current()
         with contextlib.suppress(anyio.BrokenResourceError):  # sender cancelled with the run
             for event in events:
-                self._queue.send_nowait(event)
+                self._queue.send_nowait((event, trace))
 
     def close(self) -> None:
         """No more events: ``run`` returns once the queue is delivered."""
@@ -94,12 +123,26 @@ class ControlSender:
 
     async def _deliver(self) -> None:
         """Post the queue in batches until ``close``."""
-        async for event in self._pending:
+        while True:
+            if self._held is None:
+                try:
+                    self._held = await self._pending.receive()
+                except anyio.EndOfStream:
+                    return
+            (event, trace), self._held = self._held, None
             batch = [event]
             with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream):
                 while len(batch) < MAX_EVENTS:
-                    batch.append(self._pending.receive_nowait())
-            await self._sink.send(self._sid, batch)
+                    following = self._pending.receive_nowait()
+                    if following[1] is not trace:
+                        self._held = following  # another span's events: the next POST
+                        break
+                    batch.append(following[0])
+            token = otel_context.attach(trace)
+            try:
+                await self._sink.send(self._sid, batch)
+            finally:
+                otel_context.detach(token)
 
 
 async def create_completion(client: ModelClient, request: dict[str, Any]) -> ChatCompletion:

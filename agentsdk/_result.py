@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ._items import Message, RunItem
 from ._usage import Usage
@@ -15,7 +16,8 @@ class RunResult:
     """What a finished run produced.
 
     ``usage`` includes the run's sub-agents. ``input`` and ``new_messages`` exclude the
-    system prompt and the session's earlier history.
+    system prompt and the session's earlier history. ``final_output`` is the answer's
+    text, or the validated value of the agent's ``output_type``.
     """
 
     agent_name: str
@@ -24,7 +26,7 @@ class RunResult:
     input: list[Message]
     new_messages: list[Message]
     new_items: list[RunItem]
-    final_output: str
+    final_output: Any
     usage: Usage
 
     def to_input_list(self) -> list[Message]:

@@ -11,6 +11,7 @@ open a scope per model call with recurring values), so the per-request cost is a
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
@@ -18,14 +19,17 @@ from types import TracebackType
 
 from hints_spec import AgentHints, HintError, HintErrorCode, parse_body, serialize_header
 
+from ._errors import UserError
 from ._sentinel import UNSET, Unset
 
 __all__ = [
     "HintArgumentError",
     "ResolvedScope",
     "active_scope",
+    "check_session_id",
     "current_hints",
     "hint_scope",
+    "session_id_for",
 ]
 
 # hint_scope argument name -> agent_hints body key.
@@ -55,7 +59,7 @@ _ADVICE: Mapping[HintErrorCode, str] = {
 }
 
 
-class HintArgumentError(ValueError):
+class HintArgumentError(UserError):
     """A ``hint_scope`` argument the protocol would reject.
 
     Raised where the scope is written rather than as a 400 from the server much later.
@@ -66,6 +70,29 @@ class HintArgumentError(ValueError):
     def __init__(self, message: str, code: HintErrorCode) -> None:
         super().__init__(message)
         self.code = code
+
+
+def check_session_id(session_id: object, where: str) -> str:
+    """``session_id`` if the protocol accepts it as ``sid``; else a ``UserError`` for ``where``."""
+    if isinstance(session_id, str):
+        try:
+            parse_body({"sid": session_id})
+            return session_id
+        except HintError:
+            pass
+    raise UserError(
+        f"{where}: session id {session_id!r:.80} is not a protocol session id: use 1-128"
+        " characters from A-Z a-z 0-9 . _ : ~ / -"
+    )
+
+
+def session_id_for(conversation: str) -> str:
+    """A framework's conversation or thread id as a session id: itself when the protocol
+    accepts it, else a stable digest of it (so every turn still maps to one session)."""
+    try:
+        return check_session_id(conversation, "")
+    except UserError:
+        return "h-" + hashlib.sha256(conversation.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 Besides the messages, a session keeps its token usage and its tools' latency histograms,
 so a resumed session (even in another process) sends informed ``gap`` hints from its
-first request.
+first request. The SQLite tables carry this project's prefix (``agentsdk_``) and a schema
+version, so one file can also hold the OpenAI Agents SDK's sessions.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from typing import Protocol, TypeVar
 import anyio.to_thread
 from pydantic import BaseModel, Field
 
+from ._errors import UserError
 from ._items import Message
 from ._latency import LatencyStats
+from ._scope import check_session_id
 from ._usage import Usage
 
-__all__ = ["InMemorySession", "SQLiteSession", "Session", "SessionStats"]
+__all__ = ["SCHEMA_VERSION", "InMemorySession", "SQLiteSession", "Session", "SessionStats"]
 
 T = TypeVar("T")
 
@@ -77,7 +80,9 @@ class InMemorySession:
     """A session that lives as long as the object: tests, notebooks, one process."""
 
     def __init__(self, session_id: str | None = None) -> None:
-        self.session_id = session_id or _new_id()
+        self.session_id = (
+            _new_id() if session_id is None else check_session_id(session_id, "InMemorySession")
+        )
         self._items: list[Message] = []
         self._stats = SessionStats()
 
@@ -102,14 +107,18 @@ class InMemorySession:
         self._stats = stats.model_copy(deep=True)
 
 
+SCHEMA_VERSION = 1
+"""Version of ``SQLiteSession``'s tables, kept in ``agentsdk_schema``."""
+
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS agent_messages (
+CREATE TABLE IF NOT EXISTS agentsdk_schema (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS agentsdk_messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     session_id TEXT NOT NULL,
     message TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS agent_messages_by_session ON agent_messages (session_id, id);
-CREATE TABLE IF NOT EXISTS agent_sessions (
+CREATE INDEX IF NOT EXISTS agentsdk_messages_by_session ON agentsdk_messages (session_id, id);
+CREATE TABLE IF NOT EXISTS agentsdk_sessions (
     session_id TEXT PRIMARY KEY,
     stats TEXT NOT NULL
 );
@@ -122,22 +131,36 @@ class SQLiteSession:
     The database runs in WAL mode, so readers in other processes do not block the writer.
     Queries run in a worker thread; one connection per object, serialised by a lock.
     Concurrent runs of the same session in different processes interleave their messages
-    and the last ``save_stats`` wins.
+    and the last ``save_stats`` wins. A file whose tables a newer version of this SDK
+    wrote is refused (``UserError``) rather than misread.
     """
 
     def __init__(self, session_id: str, db_path: str | os.PathLike[str] = ":memory:") -> None:
-        self.session_id = session_id
+        self.session_id = check_session_id(session_id, "SQLiteSession")
+        if not isinstance(db_path, str | os.PathLike):
+            raise UserError(
+                f"SQLiteSession: db_path must be a file path, got {type(db_path).__name__}"
+            )
         self._lock = threading.Lock()
         self._db = sqlite3.connect(db_path, check_same_thread=False, timeout=30.0)
         with self._lock, self._db:
             if str(db_path) != ":memory:":
                 self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT max(version) FROM agentsdk_schema").fetchone()
+            if row[0] is None:
+                self._db.execute("INSERT INTO agentsdk_schema VALUES (?)", (SCHEMA_VERSION,))
+            elif row[0] > SCHEMA_VERSION:
+                self._db.close()
+                raise UserError(
+                    f"SQLiteSession: {os.fspath(db_path)} holds sessions of schema version"
+                    f" {row[0]}, newer than this SDK's {SCHEMA_VERSION}: upgrade agentsdk"
+                )
 
     async def get_items(self, limit: int | None = None) -> list[Message]:
         rows = await self._run(
             lambda db: db.execute(
-                "SELECT message FROM (SELECT id, message FROM agent_messages"
+                "SELECT message FROM (SELECT id, message FROM agentsdk_messages"
                 " WHERE session_id = ? ORDER BY id DESC LIMIT ?) ORDER BY id",
                 (self.session_id, -1 if limit is None else limit),
             ).fetchall()
@@ -148,20 +171,20 @@ class SQLiteSession:
         rows = [(self.session_id, json.dumps(item)) for item in items]
         await self._run(
             lambda db: db.executemany(
-                "INSERT INTO agent_messages (session_id, message) VALUES (?, ?)", rows
+                "INSERT INTO agentsdk_messages (session_id, message) VALUES (?, ?)", rows
             )
         )
 
     async def pop_item(self) -> Message | None:
         def pop(db: sqlite3.Connection) -> Message | None:
             row = db.execute(
-                "SELECT id, message FROM agent_messages WHERE session_id = ?"
+                "SELECT id, message FROM agentsdk_messages WHERE session_id = ?"
                 " ORDER BY id DESC LIMIT 1",
                 (self.session_id,),
             ).fetchone()
             if row is None:
                 return None
-            db.execute("DELETE FROM agent_messages WHERE id = ?", (row[0],))
+            db.execute("DELETE FROM agentsdk_messages WHERE id = ?", (row[0],))
             message: Message = json.loads(row[1])
             return message
 
@@ -169,15 +192,15 @@ class SQLiteSession:
 
     async def clear(self) -> None:
         def clear(db: sqlite3.Connection) -> None:
-            db.execute("DELETE FROM agent_messages WHERE session_id = ?", (self.session_id,))
-            db.execute("DELETE FROM agent_sessions WHERE session_id = ?", (self.session_id,))
+            db.execute("DELETE FROM agentsdk_messages WHERE session_id = ?", (self.session_id,))
+            db.execute("DELETE FROM agentsdk_sessions WHERE session_id = ?", (self.session_id,))
 
         await self._run(clear)
 
     async def get_stats(self) -> SessionStats:
         row = await self._run(
             lambda db: db.execute(
-                "SELECT stats FROM agent_sessions WHERE session_id = ?", (self.session_id,)
+                "SELECT stats FROM agentsdk_sessions WHERE session_id = ?", (self.session_id,)
             ).fetchone()
         )
         return SessionStats() if row is None else SessionStats.model_validate_json(row[0])
@@ -186,7 +209,7 @@ class SQLiteSession:
         payload = stats.model_dump_json()
         await self._run(
             lambda db: db.execute(
-                "INSERT INTO agent_sessions (session_id, stats) VALUES (?, ?)"
+                "INSERT INTO agentsdk_sessions (session_id, stats) VALUES (?, ?)"
                 " ON CONFLICT (session_id) DO UPDATE SET stats = excluded.stats",
                 (self.session_id, payload),
             )

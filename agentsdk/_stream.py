@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from types import TracebackType
+from typing import Any, TypeAlias
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.abc import TaskGroup
 from openai.types.chat import ChatCompletion
 
+from ._agent import Agent
 from ._context import RunContext
+from ._errors import UserError
 from ._items import Message, RunItem, ToolCall, ToolCallOutputItem
 from ._result import RunResult
-
-if TYPE_CHECKING:
-    from ._tool import Tool
+from ._tool import Tool
 
 __all__ = [
     "AgentEndEvent",
@@ -25,6 +27,7 @@ __all__ = [
     "ForkEvent",
     "LLMEndEvent",
     "LLMStartEvent",
+    "Publish",
     "RunItemEvent",
     "RunResultStreaming",
     "StreamEvent",
@@ -37,14 +40,16 @@ __all__ = [
 class AgentStartEvent:
     """An agent starts on a branch (the root run, or a sub-agent)."""
 
-    context: RunContext
+    context: RunContext[Any]
+    agent: Agent
 
 
 @dataclass(frozen=True, slots=True)
 class LLMStartEvent:
-    """A model call is about to be sent with ``messages``."""
+    """A model call is about to be sent with ``messages`` (system prompt included)."""
 
-    context: RunContext
+    context: RunContext[Any]
+    agent: Agent
     messages: list[Message]
 
 
@@ -52,7 +57,8 @@ class LLMStartEvent:
 class LLMEndEvent:
     """A model call returned."""
 
-    context: RunContext
+    context: RunContext[Any]
+    agent: Agent
     response: ChatCompletion
 
 
@@ -64,15 +70,17 @@ class RunItemEvent:
     including the errors of calls that never ran (unknown tool, bad arguments).
     """
 
-    context: RunContext
+    context: RunContext[Any]
+    agent: Agent
     item: RunItem
 
 
 @dataclass(frozen=True, slots=True)
 class ToolStartEvent:
-    """A validated tool call starts running."""
+    """A validated tool call starts running (``context.tool_call`` is ``call``)."""
 
-    context: RunContext
+    context: RunContext[Any]
+    agent: Agent
     tool: Tool
     call: ToolCall
 
@@ -81,7 +89,8 @@ class ToolStartEvent:
 class ToolEndEvent:
     """A tool call finished; ``item`` is what the model will be told."""
 
-    context: RunContext
+    context: RunContext[Any]
+    agent: Agent
     tool: Tool
     item: ToolCallOutputItem
 
@@ -90,7 +99,8 @@ class ToolEndEvent:
 class ForkEvent:
     """Sub-agents are about to start on the branches ``children``."""
 
-    context: RunContext
+    context: RunContext[Any]
+    agent: Agent
     children: list[str]
 
 
@@ -98,7 +108,8 @@ class ForkEvent:
 class AgentEndEvent:
     """An agent finished its branch with ``result``."""
 
-    context: RunContext
+    context: RunContext[Any]
+    agent: Agent
     result: RunResult
 
 
@@ -113,26 +124,73 @@ StreamEvent: TypeAlias = (
     | AgentEndEvent
 )
 
+Publish: TypeAlias = Callable[[StreamEvent], None]
+
 
 class RunResultStreaming:
-    """Events of a run as they happen (``async for``), then its ``result``.
+    """Events of a run as they happen, then its ``result``: ``Runner.run_streamed``'s.
 
-    Obtained from ``async with Runner.run_streamed(...) as stream``: the ``async with``
-    owns the running agent, so leaving it early cancels the run instead of leaking it.
-    Iteration ends when the run does and re-raises the run's error, if any.
+    Two ways to drive it. ``async with Runner.run_streamed(...) as stream:`` then
+    ``async for event in stream``: the block owns the running agent, so leaving it early
+    cancels the run instead of leaking it. Or, as in the OpenAI Agents SDK, ``stream =
+    Runner.run_streamed(...)`` then ``async for event in stream.stream_events()``: the run
+    starts with the iteration, in a task of the running asyncio loop, and is cancelled
+    when the iteration is closed (or by ``cancel()``). Iteration ends when the run does
+    and re-raises the run's error, if any.
     """
 
-    def __init__(self) -> None:
-        self._send: MemoryObjectSendStream[StreamEvent]
+    def __init__(self, run: Callable[[Publish], Awaitable[RunResult]]) -> None:
+        self._run = run
         self._send, self._receive = anyio.create_memory_object_stream[StreamEvent](math.inf)
         self._result: RunResult | None = None
         self._error: BaseException | None = None
+        self._group: TaskGroup | None = None
+        self._task: asyncio.Task[None] | None = None
 
-    async def __aiter__(self) -> AsyncIterator[StreamEvent]:
-        async for event in self._receive:
-            yield event
+    async def __aenter__(self) -> RunResultStreaming:
+        self._claim()
+        self._group = anyio.create_task_group()
+        await self._group.__aenter__()
+        self._group.start_soon(self._drive)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._group is not None
+        self._group.cancel_scope.cancel()  # no-op once the run is over
+        # The run's own errors are kept for the reader: the group only ever sees a
+        # cancellation, and the caller's exception (if any) propagates as itself.
+        await self._group.__aexit__(None, None, None)
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self.stream_events()
+
+    async def stream_events(self) -> AsyncIterator[StreamEvent]:
+        """The run's events in order (starting the run if no ``async with`` did)."""
+        owned = self._group is None and self._task is None
+        if owned:
+            self._claim()
+            self._task = asyncio.get_running_loop().create_task(self._drive())
+        try:
+            async for event in self._receive:
+                yield event
+        finally:
+            if owned:
+                await self.cancel()
         if self._error is not None:
             raise self._error
+
+    async def cancel(self) -> None:
+        """Stop a run started by ``stream_events`` (an ``async with`` stops its own)."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     @property
     def result(self) -> RunResult:
@@ -144,18 +202,30 @@ class RunResultStreaming:
         return self._result
 
     @property
+    def final_output(self) -> Any:
+        """``result.final_output``."""
+        return self.result.final_output
+
+    @property
     def is_complete(self) -> bool:
         return self._result is not None or self._error is not None
 
-    def publish(self, event: StreamEvent) -> None:
+    def _claim(self) -> None:
+        if self._group is not None or self._task is not None:
+            raise UserError(
+                "this stream is already running: use either `async with` or stream_events(),"
+                " once per Runner.run_streamed(...) call"
+            )
+
+    def _publish(self, event: StreamEvent) -> None:
         """Queue ``event`` for the reader; unbounded, so a slow reader never stalls the run."""
         with contextlib.suppress(anyio.BrokenResourceError):  # the reader left early
             self._send.send_nowait(event)
 
-    async def drive(self, run: Callable[[], Awaitable[RunResult]]) -> None:
+    async def _drive(self) -> None:
         """Run to completion, keeping the outcome for the reader, then close the stream."""
         with self._send:
             try:
-                self._result = await run()
+                self._result = await self._run(self._publish)
             except Exception as err:
                 self._error = err

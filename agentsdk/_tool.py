@@ -1,7 +1,8 @@
 """``@tool``: a Python function becomes a tool with a JSON schema the model sees.
 
 The schema comes from the signature's type hints and the docstring's parameter
-descriptions, through a pydantic model that also validates the model's arguments. Every
+descriptions (Google, ReST, NumPy or Epydoc style, read by ``docstring_parser``), through
+a pydantic model that also validates the model's arguments. Every
 way a definition can be wrong is raised at decoration time; every way a *call* can be wrong
 (garbage JSON, wrong types, a tool that raises or hangs) becomes a message to the model.
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar, get_type_hints, overload
+from typing import Any, TypeVar, get_origin, get_type_hints, overload
 
 import anyio.to_thread
+import docstring_parser
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, ValidationError, create_model
 
@@ -25,20 +27,20 @@ from hints_spec import USER_TOOL
 from ._context import RunContext
 from ._errors import ToolDefinitionError
 
-__all__ = ["Tool", "ToolArgumentsError", "json_schema", "parse_arguments", "tool"]
+__all__ = [
+    "Tool",
+    "ToolArgumentsError",
+    "json_schema",
+    "parse_arguments",
+    "tool",
+    "tool_output",
+]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible servers accept
-_SECTION = re.compile(
-    r"^(Args|Arguments|Parameters|Params|Keyword Args|Returns?|Yields?|Raises|Examples?|Notes?)"
-    r":\s*$"
-)
-_GOOGLE_PARAM = re.compile(r"^\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
-_REST_PARAM = re.compile(r"^:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$")
-_REST_FIELD = re.compile(r"^:\w+")
 _ERROR_ARGS_SHOWN = 200  # how much of a bad argument string the model is shown back
 
 F = TypeVar("F", bound=Callable[..., Any])
-ToolFunction = Callable[[RunContext, BaseModel], Awaitable[object]]
+ToolFunction = Callable[[RunContext[Any], BaseModel], Awaitable[object]]
 
 
 class ToolArgumentsError(ValueError):
@@ -69,7 +71,7 @@ class Tool:
     strict: bool = False
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ToolDefinitionError(f"tool name {self.name!r} must match {_NAME.pattern}")
         if self.name == USER_TOOL:  # its latencies and tool_start events would be the user's
             raise ToolDefinitionError(
@@ -80,8 +82,12 @@ class Tool:
             ("timeout", self.timeout),
             ("expected_seconds", self.expected_seconds),
         ):
-            if value is not None and not value > 0:
-                raise ToolDefinitionError(f"tool {self.name!r}: {label} must be > 0")
+            if value is not None and not (
+                isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+            ):
+                raise ToolDefinitionError(
+                    f"tool {self.name!r}: {label} must be a number of seconds > 0, got {value!r}"
+                )
 
     def definition(self) -> dict[str, Any]:
         """The entry of the request's ``tools`` list."""
@@ -111,12 +117,16 @@ class Tool:
             kept = {key: value for key, value in parsed.items() if key not in bad}
             return self.args_model.model_validate(kept)  # defaults cover every dropped key
 
-    async def call(self, context: RunContext, arguments: BaseModel) -> str:
+    async def call(self, context: RunContext[Any], arguments: BaseModel) -> str:
         """Run the tool; anything but a string result is sent as JSON."""
-        result = await self.function(context, arguments)
-        if isinstance(result, str):
-            return result
-        return pydantic_core.to_json(result, fallback=str).decode()
+        return tool_output(await self.function(context, arguments))
+
+
+def tool_output(result: object) -> str:
+    """What the model is told a call returned: the string itself, anything else as JSON."""
+    if isinstance(result, str):
+        return result
+    return pydantic_core.to_json(result, fallback=str).decode()
 
 
 def parse_arguments(arguments: str) -> dict[str, Any] | None:
@@ -189,13 +199,23 @@ def _build(
     strict: bool,
 ) -> Tool:
     tool_name = name or str(getattr(fn, "__name__", ""))
+    if inspect.isclass(fn) or not callable(fn):
+        what = f"class {fn.__name__}" if inspect.isclass(fn) else type(fn).__name__
+        raise ToolDefinitionError(
+            f"@tool takes a function (sync or async), got {what}: decorate a function,"
+            " or a method of an instance"
+        )
     try:
         hints = get_type_hints(fn)
     except Exception as err:  # unresolvable forward references, in the user's module
         raise ToolDefinitionError(f"tool {tool_name!r}: cannot resolve type hints: {err}") from err
-    summary, param_docs = _parse_docstring(inspect.getdoc(fn) or "")
+    docstring = docstring_parser.parse(inspect.getdoc(fn) or "")
+    summary = (docstring.description or "").strip()
+    param_docs = {
+        p.arg_name: " ".join(p.description.split()) for p in docstring.params if p.description
+    }
     params = list(inspect.signature(fn).parameters.values())
-    takes_context = bool(params) and hints.get(params[0].name) is RunContext
+    takes_context = bool(params) and _is_context(hints.get(params[0].name))
     if takes_context:
         params = params[1:]
     fields: dict[str, Any] = {}
@@ -204,7 +224,7 @@ def _build(
             raise ToolDefinitionError(
                 f"tool {tool_name!r}: *args/**kwargs parameter {param.name!r} has no schema"
             )
-        if hints.get(param.name) is RunContext:
+        if _is_context(hints.get(param.name)):
             raise ToolDefinitionError(f"tool {tool_name!r}: RunContext must be the first parameter")
         required = param.default is param.empty
         if lenient and required:
@@ -229,7 +249,11 @@ def _build(
         )
         schema = json_schema(args_model)
     except PydanticUserError as err:
-        raise ToolDefinitionError(f"tool {tool_name!r}: unsupported parameter type: {err}") from err
+        raise ToolDefinitionError(
+            f"tool {tool_name!r}: unsupported parameter type ({_first_line(err)}): give each"
+            " parameter a type with a JSON schema (str, int, float, bool, Literal, a list,"
+            " dict or Optional of these, a pydantic model or a dataclass)"
+        ) from None
     return Tool(
         name=tool_name,
         description=description if description is not None else summary,
@@ -248,7 +272,7 @@ def _invoker(
 ) -> ToolFunction:
     is_async = inspect.iscoroutinefunction(fn)
 
-    async def invoke(context: RunContext, arguments: BaseModel) -> object:
+    async def invoke(context: RunContext[Any], arguments: BaseModel) -> object:
         args: list[object] = [context] if takes_context else []
         kwargs: dict[str, object] = {}
         for index, param in enumerate(params):
@@ -287,36 +311,10 @@ def _drop_titles(schema: object) -> None:
             _drop_titles(value)
 
 
-def _parse_docstring(doc: str) -> tuple[str, Mapping[str, str]]:
-    """Split a docstring into its description and Google/ReST parameter descriptions."""
-    description: list[str] = []
-    params: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    section: str | None = None
-    entry_indent = -1
-    for line in doc.splitlines():
-        stripped = line.strip()
-        indent = len(line) - len(line.lstrip())
-        if rest := _REST_PARAM.match(stripped):
-            section, current = "rest", params.setdefault(rest[1], [rest[2]])
-            continue
-        if _REST_FIELD.match(stripped):
-            section, current = "rest", None
-            continue
-        if indent == 0 and (header := _SECTION.match(stripped)):
-            section, current, entry_indent = header[1], None, -1
-            continue
-        if section is None:
-            description.append(line)
-        elif section in ("Args", "Arguments", "Parameters", "Params", "Keyword Args") and stripped:
-            if entry_indent < 0:
-                entry_indent = indent
-            google = _GOOGLE_PARAM.match(stripped)
-            if indent == entry_indent and google:
-                current = params.setdefault(google[1], [google[2]])
-            elif current is not None:
-                current.append(stripped)
-        elif section == "rest" and stripped and current is not None and indent > 0:
-            current.append(stripped)
-    summary = "\n".join(description).strip()
-    return summary, {name: " ".join(p for p in parts if p) for name, parts in params.items()}
+def _is_context(hint: object) -> bool:
+    """``RunContext`` or ``RunContext[Deps]``."""
+    return hint is RunContext or get_origin(hint) is RunContext
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).splitlines()[0].rstrip(".")

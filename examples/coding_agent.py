@@ -28,8 +28,6 @@ from agentsdk import (
     Runner,
     SQLiteSession,
     Tool,
-    ToolCall,
-    ToolCallOutputItem,
     tool,
 )
 
@@ -99,18 +97,15 @@ def make_tools(root: Path) -> list[Tool]:
 
 
 class Narrator(RunHooks):
-    """Prints the loop as it runs."""
+    """Prints the loop as it runs (the OpenAI Agents SDK's hook signatures)."""
 
-    async def on_tool_start(
-        self, context: RunContext, agent: Agent, tool: Tool, call: ToolCall
-    ) -> None:
-        print(f"  [{context.branch}] {tool.name}({call.arguments[:40]})")
+    async def on_tool_start(self, context: RunContext, agent: Agent, tool: Tool) -> None:
+        arguments = context.tool_call.arguments if context.tool_call else ""
+        print(f"  [{context.branch}] {tool.name}({arguments[:40]})")
 
-    async def on_tool_end(
-        self, context: RunContext, agent: Agent, tool: Tool, result: ToolCallOutputItem
-    ) -> None:
-        first_line = result.output.splitlines()[0] if result.output else ""
-        print(f"  [{context.branch}] {tool.name} -> {first_line[:60]!r} ({result.duration:.2f} s)")
+    async def on_tool_end(self, context: RunContext, agent: Agent, tool: Tool, result: str) -> None:
+        first_line = result.splitlines()[0] if result else ""
+        print(f"  [{context.branch}] {tool.name} -> {first_line[:60]!r}")
 
 
 async def main(base_url: str, model: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +15,7 @@ import anyio
 import openai
 import pytest
 
+from agentsdk import NoSessionWarning
 from agentsdk._client import HintedAsyncOpenAI, HintedOpenAI
 from agentsdk._scope import HintArgumentError, current_hints, hint_scope
 from hints_spec import (
@@ -152,11 +154,16 @@ def _chat(client: openai.OpenAI, **kwargs: object) -> None:
     )
 
 
-def test_outside_scope_sends_what_the_plain_client_sends(stub: Stub) -> None:
+def test_outside_scope_sends_what_the_plain_client_sends_and_warns_once(stub: Stub) -> None:
     plain = openai.OpenAI(api_key="sk-test", base_url=stub.base_url, max_retries=2)
     _chat(plain)
-    _chat(_sync(stub))
-    sent_plain, sent_hinted = stub.requests
+    hinted = _sync(stub)
+    with pytest.warns(NoSessionWarning, match="HintedOpenAI sent a model request outside"):
+        _chat(hinted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _chat(hinted)  # once per client
+    sent_plain, sent_hinted = stub.requests[:2]
     assert sent_hinted == sent_plain
     assert sent_hinted.one(HEADER_NAME) is None
     assert "prompt_cache_key" not in sent_hinted.body
@@ -310,7 +317,8 @@ def test_async_scope_flows_into_tasks(stub: Stub) -> None:
             async with anyio.create_task_group() as group:
                 group.start_soon(call, "c")
             await client.chat.completions.create(model="m", messages=[])
-        await client.chat.completions.create(model="m", messages=[])
+        with pytest.warns(NoSessionWarning):
+            await client.chat.completions.create(model="m", messages=[])
         await client.close()  # before its event loop closes
 
     asyncio.run(main())

@@ -35,11 +35,11 @@ from agentsdk import (
     ScriptedModel,
     StreamEvent,
     Tool,
-    ToolCall,
     ToolCallItem,
     ToolCallOutputItem,
     ToolEndEvent,
     ToolStartEvent,
+    UserError,
     hint_scope,
     tool,
 )
@@ -259,49 +259,52 @@ async def test_tool_choice_schedule_forces_then_releases() -> None:
     assert all(
         r.kwargs["max_tokens"] == 16 and r.kwargs["temperature"] == 0.0 for r in model.requests
     )
-    with pytest.raises(ValueError, match="unknown tools"):
+    with pytest.raises(UserError, match=r"tool_choice forces \['nope'\], which are not among"):
         await Runner.run(_agent(nap, tool_choice="nope"), "go", client=ScriptedModel(["x"]))
 
 
-async def test_hooks_fire_in_order() -> None:
+async def test_hooks_fire_in_order_with_the_openai_agents_signatures() -> None:
     seen: list[str] = []
 
     class Recorder(RunHooks):
         async def on_agent_start(self, context: RunContext, agent: Agent) -> None:
-            seen.append(f"agent_start {agent.name} {context.branch}")
+            seen.append(f"agent_start {agent.name} {context.branch} {context.context}")
 
         async def on_llm_start(
-            self, context: RunContext, agent: Agent, messages: list[Message]
+            self,
+            context: RunContext,
+            agent: Agent,
+            system_prompt: str | None,
+            input_items: list[Message],
         ) -> None:
-            seen.append(f"llm_start {len(messages)}")
+            seen.append(f"llm_start {system_prompt} {len(input_items)}")
 
         async def on_llm_end(self, context: RunContext, agent: Agent, response: Any) -> None:
             seen.append("llm_end")
 
-        async def on_tool_start(
-            self, context: RunContext, agent: Agent, tool: Tool, call: ToolCall
-        ) -> None:
-            seen.append(f"tool_start {tool.name}")
+        async def on_tool_start(self, context: RunContext, agent: Agent, tool: Tool) -> None:
+            assert context.tool_call is not None
+            seen.append(f"tool_start {tool.name} {context.tool_call.id}")
 
         async def on_tool_end(
-            self, context: RunContext, agent: Agent, tool: Tool, result: ToolCallOutputItem
+            self, context: RunContext, agent: Agent, tool: Tool, result: str
         ) -> None:
-            seen.append(f"tool_end {result.output}")
+            seen.append(f"tool_end {result}")
 
-        async def on_end(self, context: RunContext, agent: Agent, result: Any) -> None:
-            seen.append(f"end {result.final_output}")
+        async def on_agent_end(self, context: RunContext, agent: Agent, output: Any) -> None:
+            seen.append(f"agent_end {output}")
 
-    model = ScriptedModel([[ScriptedCall("nap")], "bye"])
-    await Runner.run(_agent(nap), "go", client=model, hooks=Recorder())
+    model = ScriptedModel([[ScriptedCall("nap", id="c7")], "bye"])
+    await Runner.run(_agent(nap), "go", client=model, hooks=Recorder(), context="deps")
     assert seen == [
-        "agent_start worker root",
-        "llm_start 2",
+        "agent_start worker root deps",
+        "llm_start You work. 1",
         "llm_end",
-        "tool_start nap",
+        "tool_start nap c7",
         "tool_end slept 0.0",
-        "llm_start 4",
+        "llm_start You work. 3",
         "llm_end",
-        "end bye",
+        "agent_end bye",
     ]
 
 
@@ -450,7 +453,7 @@ async def test_the_callers_own_errors_come_out_unwrapped() -> None:
 
     class Failing(RunHooks):
         async def on_tool_end(
-            self, context: RunContext, agent: Agent, tool: Tool, result: ToolCallOutputItem
+            self, context: RunContext, agent: Agent, tool: Tool, result: str
         ) -> None:
             raise KeyError("hook")
 

@@ -18,7 +18,7 @@ from agentsdk import (
     ScriptedModel,
     tool,
 )
-from agentsdk._context import RunEnv
+from agentsdk._branch import BranchContext, RunEnv, root_context
 from hints_spec import End, Fork, ToolStart
 
 pytestmark = pytest.mark.anyio
@@ -152,25 +152,26 @@ async def test_nested_children_and_failures() -> None:
         await Runner.fan_out(_root_context(looping), [(leaf, "x")], max_turns=1)
 
 
-def _root_context(model: ScriptedModel) -> RunContext:
-    from agentsdk import RunConfig, Usage
+def _root_context(model: ScriptedModel) -> BranchContext:
+    from agentsdk import RunConfig
     from agentsdk._latency import LatencyEstimator
-    from agentsdk._tracing import tracer
+    from agentsdk._tracing import ClientMetrics, tracer
 
     async def emit(event: object) -> None:
         return None
 
-    env = RunEnv(model, RunConfig(), emit, None, LatencyEstimator(), tracer(None))
-    agent = Agent(name="p", model="m")
-    return RunContext(agent, "m", "s1", "root", None, Usage(), (), _env=env)
+    env = RunEnv(
+        model, RunConfig(), emit, None, LatencyEstimator(), tracer(None), ClientMetrics(None), None
+    )
+    return root_context(Agent(name="p", model="m"), "m", "s1", None, env)
 
 
 def test_branch_ids_are_deterministic_and_bounded() -> None:
-    env = _root_context(ScriptedModel([]))._env
+    env = _root_context(ScriptedModel([]))._branch.env
     assert env.new_branch("root", "Code Reviewer!") == "root/Code-Reviewer-1"
     assert env.new_branch("root", "Code Reviewer!") == "root/Code-Reviewer-2"
     assert env.new_branch("root/x-1", "Code Reviewer!") == "root/x-1/Code-Reviewer-1"
     deep = "root" + "/agent-1" * 20
     branch = env.new_branch(deep, "agent")
     assert len(branch) <= 128 and branch.startswith("agent-1~")
-    assert branch == _root_context(ScriptedModel([]))._env.new_branch(deep, "agent")
+    assert branch == _root_context(ScriptedModel([]))._branch.env.new_branch(deep, "agent")
