@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, PydanticSchemaGenerationError, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ._errors import OutputValidationError, UserError
+from ._validated import JSON_TYPES, has_json_schema
 
 __all__ = ["OutputSchema"]
 
@@ -25,14 +26,10 @@ class OutputSchema:
 
     def __init__(self, output_type: Any) -> None:
         self.output_type = output_type
-        try:
-            adapter: TypeAdapter[Any] = TypeAdapter(output_type)
-            schema = adapter.json_schema()
-        except (PydanticSchemaGenerationError, TypeError) as err:
-            raise UserError(
-                f"output_type {output_type!r} has no JSON schema ({err}): use a pydantic"
-                " model, a dataclass, a TypedDict or a JSON type such as list[str]"
-            ) from None
+        if not has_json_schema(output_type):
+            raise UserError(f"output_type {output_type!r} has no JSON schema: use {JSON_TYPES}")
+        adapter: TypeAdapter[Any] = TypeAdapter(output_type)
+        schema = adapter.json_schema()
         self._wrapped = schema.get("type") != "object"
         if self._wrapped:
             schema = {

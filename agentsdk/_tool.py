@@ -26,6 +26,7 @@ from hints_spec import USER_TOOL
 
 from ._context import RunContext
 from ._errors import ToolDefinitionError
+from ._validated import JSON_TYPES, has_json_schema
 
 __all__ = [
     "Tool",
@@ -248,11 +249,15 @@ def _build(
             **fields,
         )
         schema = json_schema(args_model)
-    except PydanticUserError as err:
+    except PydanticUserError:
+        bad = [
+            f"{p.name}: {hints.get(p.name)!r}"
+            for p in params
+            if not has_json_schema(hints.get(p.name, Any))
+        ]
         raise ToolDefinitionError(
-            f"tool {tool_name!r}: unsupported parameter type ({_first_line(err)}): give each"
-            " parameter a type with a JSON schema (str, int, float, bool, Literal, a list,"
-            " dict or Optional of these, a pydantic model or a dataclass)"
+            f"tool {tool_name!r}: unsupported parameter type ({', '.join(bad)} has no JSON"
+            f" schema): give each parameter a type with a JSON schema: {JSON_TYPES}"
         ) from None
     return Tool(
         name=tool_name,
@@ -314,7 +319,3 @@ def _drop_titles(schema: object) -> None:
 def _is_context(hint: object) -> bool:
     """``RunContext`` or ``RunContext[Deps]``."""
     return hint is RunContext or get_origin(hint) is RunContext
-
-
-def _first_line(err: Exception) -> str:
-    return str(err).splitlines()[0].rstrip(".")

@@ -4,11 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PydanticUserError, TypeAdapter, ValidationError
 
 from ._errors import invalid_arguments
 
-__all__ = ["Validated"]
+__all__ = ["JSON_TYPES", "Validated", "has_json_schema"]
+
+JSON_TYPES = (
+    "str, int, float, bool, Literal, a list, dict or Optional of these, a pydantic model,"
+    " a dataclass or a TypedDict"
+)
+"""What to use instead of a type that has no JSON schema."""
+
+
+def has_json_schema(annotation: object) -> bool:
+    """Whether pydantic can describe ``annotation`` to a model as JSON schema."""
+    try:
+        TypeAdapter(annotation).json_schema()
+    except (PydanticUserError, TypeError):
+        return False
+    return True
 
 
 class Validated(BaseModel):

@@ -1,0 +1,124 @@
+"""Runaway runs stop: a model-call budget per run, a fork depth, and children that do not
+inherit the tool that forked them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from agentsdk import (
+    DEFAULT_MAX_MODEL_CALLS,
+    Agent,
+    ForkDepthExceeded,
+    ModelCallLimitExceeded,
+    ModelRequest,
+    Reply,
+    RunConfig,
+    RunContext,
+    Runner,
+    ScriptedCall,
+    ScriptedModel,
+    ToolCallOutputItem,
+    tool,
+)
+from hints_spec import End, Fork
+
+pytestmark = pytest.mark.anyio
+
+HELPERS = [Agent(name=name, instructions=f"Be the {name}.") for name in ("a", "b", "c")]
+
+
+def _fan_out_agent(recursive: bool) -> Agent:
+    @tool
+    async def investigate(ctx: RunContext) -> str:
+        """Ask three helpers in parallel."""
+        results = await Runner.fan_out(ctx, [(h, "go") for h in HELPERS], recursive=recursive)
+        return " | ".join(r.final_output for r in results)
+
+    return Agent(name="lead", instructions="Lead.", model="m", tools=[investigate])
+
+
+def _always_fork(request: ModelRequest) -> Reply:
+    return [ScriptedCall("investigate")]
+
+
+def _ended_every_child(model: ScriptedModel) -> None:
+    forked = [child for fork in model.events_of(Fork) for child in fork.children]
+    ended = [end.br for end in model.events_of(End) if end.br is not None]
+    assert forked and Counter(ended) == Counter(forked)
+
+
+async def test_the_runaway_fan_out_stops_at_the_call_budget() -> None:
+    # The issue's case: a model that always calls the forking tool, max_turns=3.
+    model = ScriptedModel(_always_fork)
+    with pytest.raises(ModelCallLimitExceeded) as caught:
+        await Runner.run(_fan_out_agent(recursive=False), "go", client=model, max_turns=3)
+    assert caught.value.limit == DEFAULT_MAX_MODEL_CALLS < 100
+    assert len(model.requests) == DEFAULT_MAX_MODEL_CALLS
+    # Children never forked again: they cannot call the tool that started them.
+    assert {r.branch.count("/") for r in model.requests} == {0, 1}
+    _ended_every_child(model)
+    assert model.events_of(End)[-1] == End()  # and the session's end
+
+
+async def test_children_keep_the_forking_tool_in_their_prompt_but_cannot_call_it() -> None:
+    served: Counter[str] = Counter()
+
+    def script(request: ModelRequest) -> Reply:
+        served[request.branch] += 1
+        if request.branch == "root":
+            return [ScriptedCall("investigate")] if served["root"] == 1 else "merged"
+        return [ScriptedCall("investigate")] if served[request.branch] == 1 else "done"
+
+    model = ScriptedModel(script)
+    result = await Runner.run(_fan_out_agent(recursive=False), "go", client=model)
+    assert result.final_output == "merged"
+    assert len(model.requests) == 2 + 3 * 2
+    first_child = next(r for r in model.requests if r.branch == "root/a-1")
+    assert first_child.tools == model.requests[0].tools  # the shared prefix is intact
+    second_child = [r for r in model.requests if r.branch == "root/a-1"][1]
+    refusal = second_child.messages[-1]["content"]
+    assert refusal.startswith("Error: tool 'investigate' started this sub-agent")
+    assert len(model.events_of(Fork)) == 1
+
+
+async def test_a_recursive_fan_out_stops_at_the_fork_depth() -> None:
+    model = ScriptedModel(_always_fork)
+    config = RunConfig(max_fork_depth=2, max_model_calls=10_000)
+    with pytest.raises(ForkDepthExceeded, match="max_fork_depth=2"):
+        await Runner.run(_fan_out_agent(recursive=True), "go", client=model, run_config=config)
+    depths = Counter(r.branch.count("/") for r in model.requests)
+    assert set(depths) == {0, 1, 2}
+    assert depths[2] <= 9  # the grandchildren's first calls, at most, before the run stopped
+    _ended_every_child(model)
+
+
+async def test_an_agent_tool_child_is_bounded_too() -> None:
+    helper = Agent(name="helper", instructions="Help.")
+    lead = Agent(name="lead", model="m", tools=[helper.as_tool(fork_context=True)])
+    model = ScriptedModel(lambda request: [ScriptedCall("helper", {"input": "x"})])
+    with pytest.raises(ModelCallLimitExceeded):
+        await Runner.run(lead, "go", client=model, run_config=RunConfig(max_model_calls=12))
+    assert len(model.requests) == 12
+    # Each child was refused the agent tool that started it and ran out of turns.
+    child = [r for r in model.requests if r.branch == "root/helper-1"]
+    assert len(child) == 10
+    assert "started this sub-agent" in child[1].messages[-1]["content"]
+
+
+async def test_a_child_that_runs_out_of_turns_is_news_for_its_parent() -> None:
+    helper = Agent(name="helper", instructions="Help.")
+    lead = Agent(name="lead", model="m", tools=[helper.as_tool(max_turns=2)])
+    served: Counter[str] = Counter()
+
+    def script(request: ModelRequest) -> Reply:
+        served[request.branch] += 1
+        if request.branch == "root":
+            return [ScriptedCall("helper", {"input": "x"})] if served["root"] == 1 else "ok"
+        return [ScriptedCall("nothing")]
+
+    result = await Runner.run(lead, "go", client=ScriptedModel(script))
+    [output] = [i for i in result.new_items if isinstance(i, ToolCallOutputItem)]
+    assert output.is_error and "MaxTurnsExceeded" in output.output
+    assert result.final_output == "ok"
