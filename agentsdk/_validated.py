@@ -17,7 +17,7 @@ JSON_TYPES = (
 """What to use instead of a type that has no JSON schema."""
 
 
-def has_json_schema(annotation: object) -> bool:
+def has_json_schema(annotation: Any) -> bool:
     """Whether pydantic can describe ``annotation`` to a model as JSON schema."""
     try:
         TypeAdapter(annotation).json_schema()
