@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio
 from openai.types.chat import ChatCompletion
+from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, get_current_span
 from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel
@@ -185,9 +186,14 @@ class Branch:
 
 @dataclass(eq=False, kw_only=True)
 class BranchContext(RunContext[Any]):
-    """The ``RunContext`` a run hands out; ``Runner.fan_out`` finds its branch in it."""
+    """The ``RunContext`` a run hands out; ``Runner.fan_out`` finds its branch in it.
+
+    ``_trace`` is the trace context of the branch's ``invoke_agent`` span, for the events
+    sent once it has ended (the session's ``end``).
+    """
 
     _branch: Branch = field(repr=False)
+    _trace: otel_context.Context | None = field(default=None, repr=False)
 
 
 def root_context(
@@ -309,17 +315,18 @@ async def run_agent(
     unsaved = list(new_input)  # stored with the first complete turn, never half a turn
     attributes: dict[str, AttributeValue] = {
         GEN_AI_OPERATION_NAME: "invoke_agent",
-        GEN_AI_PROVIDER_NAME: PROVIDER_NAME,
         GEN_AI_AGENT_NAME: agent.name,
-        GEN_AI_REQUEST_MODEL: context.model,
-        GEN_AI_OUTPUT_TYPE: "json" if agent.output_schema is not None else "text",
+        **_operation_attributes(context),
         **_branch_attributes(context),
     }
     if agent.description:
         attributes[GEN_AI_AGENT_DESCRIPTION] = agent.description
+    if agent.output_schema is not None:
+        attributes[GEN_AI_OUTPUT_TYPE] = "json"
     with env.tracer.start_as_current_span(
         f"invoke_agent {agent.name}", attributes=attributes
     ) as span:
+        context._trace = otel_context.get_current()
         try:
             await env.emit(AgentStartEvent(context, agent))
             for turn in range(max_turns):
@@ -363,6 +370,13 @@ async def run_agent(
                 usage=context.usage,
             )
             await env.emit(AgentEndEvent(context, agent, result))
+            span.set_attributes(
+                {
+                    GEN_AI_USAGE_INPUT_TOKENS: context.usage.input_tokens,
+                    GEN_AI_USAGE_OUTPUT_TOKENS: context.usage.output_tokens,
+                    GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: context.usage.cached_tokens,
+                }
+            )
             return result
         except Exception as err:
             span.set_attribute(ERROR_TYPE, _error_type(err))
@@ -406,20 +420,14 @@ async def _call_model(
     if env.server is not None:
         metric_attributes |= {SERVER_ADDRESS: env.server[0], SERVER_PORT: env.server[1]}
     attributes: dict[str, AttributeValue] = {
-        **metric_attributes,
-        GEN_AI_CONVERSATION_ID: context.session_id,
-        GEN_AI_OUTPUT_TYPE: "json" if "response_format" in request else "text",
+        GEN_AI_OPERATION_NAME: "chat",
+        **_operation_attributes(context),
         **_branch_attributes(context),
     }
-    for key, value in (
-        (GEN_AI_REQUEST_TEMPERATURE, settings.temperature),
-        (GEN_AI_REQUEST_TOP_P, settings.top_p),
-        (GEN_AI_REQUEST_MAX_TOKENS, settings.max_tokens),
-        (GEN_AI_REQUEST_SEED, settings.seed),
-        (AGENT_HINTS_GAP, gap),
-    ):
-        if value is not None:
-            attributes[key] = value
+    if "response_format" in request:
+        attributes[GEN_AI_OUTPUT_TYPE] = "json"
+    if gap is not None:
+        attributes[AGENT_HINTS_GAP] = gap
     started = time.monotonic()
     with (
         env.tracer.start_as_current_span(
@@ -622,6 +630,27 @@ def _error_type(err: Exception) -> str:
 def wire(branch: str) -> str | None:
     """Branch id as sent: the root branch is the protocol's default, so it is omitted."""
     return None if branch == ROOT_BRANCH else branch
+
+
+def _operation_attributes(context: BranchContext) -> dict[str, AttributeValue]:
+    """What ``invoke_agent`` and ``chat`` spans say of the requests: provider, model, the
+    sampling parameters that are set, and the server."""
+    env, settings = context._branch.env, context._branch.agent.model_settings
+    attributes: dict[str, AttributeValue] = {
+        GEN_AI_PROVIDER_NAME: PROVIDER_NAME,
+        GEN_AI_REQUEST_MODEL: context.model,
+    }
+    for key, value in (
+        (GEN_AI_REQUEST_TEMPERATURE, settings.temperature),
+        (GEN_AI_REQUEST_TOP_P, settings.top_p),
+        (GEN_AI_REQUEST_MAX_TOKENS, settings.max_tokens),
+        (GEN_AI_REQUEST_SEED, settings.seed),
+    ):
+        if value is not None:
+            attributes[key] = value
+    if env.server is not None:
+        attributes |= {SERVER_ADDRESS: env.server[0], SERVER_PORT: env.server[1]}
+    return attributes
 
 
 def _branch_attributes(context: RunContext[Any]) -> dict[str, str]:

@@ -102,8 +102,11 @@ class ControlSender:
         ](math.inf)
         self._held: tuple[ControlEvent, otel_context.Context] | None = None
 
-    def submit(self, events: Sequence[ControlEvent]) -> None:
-        trace = otel_context.get_current()
+    def submit(
+        self, events: Sequence[ControlEvent], trace: otel_context.Context | None = None
+    ) -> None:
+        """Queue ``events``, sent with ``trace`` (default: the current trace context)."""
+        trace = trace if trace is not None else otel_context.get_current()
         with contextlib.suppress(anyio.BrokenResourceError):  # sender cancelled with the run
             for event in events:
                 self._queue.send_nowait((event, trace))

@@ -287,9 +287,9 @@ async def _run_root(run: _Run, publish: Publish | None) -> RunResult:
                     await session.save_stats(stats)  # latency: the estimator updated it in place
                 if control is not None:
                     if end_session:
-                        control.submit([End()])
+                        control.submit([End()], context._trace)
                     elif session is not None:
-                        control.submit([_await_user(env, config)])
+                        control.submit([_await_user(env, config)], context._trace)
                     control.close()
     if error is not None:
         raise error

@@ -147,15 +147,15 @@ class SQLiteSession:
             if str(db_path) != ":memory:":
                 self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
-            row = self._db.execute("SELECT max(version) FROM agentsdk_schema").fetchone()
-            if row[0] is None:
+            (version,) = self._db.execute("SELECT max(version) FROM agentsdk_schema").fetchone()
+            if version is None:
                 self._db.execute("INSERT INTO agentsdk_schema VALUES (?)", (SCHEMA_VERSION,))
-            elif row[0] > SCHEMA_VERSION:
-                self._db.close()
-                raise UserError(
-                    f"SQLiteSession: {os.fspath(db_path)} holds sessions of schema version"
-                    f" {row[0]}, newer than this SDK's {SCHEMA_VERSION}: upgrade agentsdk"
-                )
+        if version is not None and version > SCHEMA_VERSION:
+            self._db.close()
+            raise UserError(
+                f"SQLiteSession: {os.fspath(db_path)} holds sessions of schema version"
+                f" {version}, newer than this SDK's {SCHEMA_VERSION}: upgrade agentsdk"
+            )
 
     async def get_items(self, limit: int | None = None) -> list[Message]:
         rows = await self._run(

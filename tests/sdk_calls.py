@@ -1,5 +1,5 @@
-"""Test helpers: a scripted coding agent, and a run on a real server that keeps what
-each model call cost.
+"""Test helpers: a scripted coding agent, a run on a real server that keeps what each
+model call cost, and an OpenAI-compatible server in a MockTransport.
 
 Random weights write garbage arguments, so the agent is forced through named tools that
 take no parameters and are ``strict`` (the server then constrains the arguments to
@@ -7,6 +7,12 @@ take no parameters and are ``strict`` (the server then constrains the arguments 
 """
 
 from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
 
 from agentsdk import (
     Agent,
@@ -19,6 +25,7 @@ from agentsdk import (
     Usage,
     tool,
 )
+from hints_spec import CONTROL_PATH, HEADER_NAME, parse_header
 from server_ext import LocalServer
 
 # Long enough to fill several 64-token KV blocks, so that reuse shows in cached_tokens.
@@ -62,3 +69,63 @@ async def run_recording(
             if isinstance(event, LLMEndEvent):
                 calls.append((event.context.branch, Usage.from_completion(event.response.usage)))
     return stream.result, calls
+
+
+def chat_reply(content: str | None = None, tool: str | None = None) -> dict[str, Any]:
+    """A chat completion: text, or one call of ``tool`` with no arguments."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool is not None:
+        message["tool_calls"] = [
+            {
+                "id": f"call-{tool}",
+                "type": "function",
+                "function": {"name": tool, "arguments": "{}"},
+            }
+        ]
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "tiny",
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if tool else "stop"}
+        ],
+        "usage": {
+            "prompt_tokens": 100,
+            "completion_tokens": 5,
+            "total_tokens": 105,
+            "prompt_tokens_details": {"cached_tokens": 64},
+        },
+    }
+
+
+@dataclass
+class FakeServer:
+    """An OpenAI-compatible server in a MockTransport: scripted chats, recorded requests."""
+
+    replies: list[dict[str, Any]]
+    chats: list[tuple[httpx2.Headers, dict[str, Any]]] = field(default_factory=list)
+    control: list[tuple[httpx2.Headers, dict[str, Any]]] = field(default_factory=list)
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        body = json.loads(request.content)
+        if request.url.path == CONTROL_PATH:
+            self.control.append((request.headers, body))
+            results = [{"index": i, "outcome": "accepted"} for i in range(len(body["events"]))]
+            return httpx2.Response(200, json={"v": 1, "results": results})
+        self.chats.append((request.headers, body))
+        return httpx2.Response(200, json=self.replies.pop(0))
+
+    def hints(self) -> list[dict[str, object]]:
+        return [parse_header(headers[HEADER_NAME]).normalized() for headers, _ in self.chats]
+
+    def events(self) -> list[dict[str, Any]]:
+        return [event for _, body in self.control for event in body["events"]]
+
+    def client(self) -> HintedAsyncOpenAI:
+        transport = httpx2.MockTransport(self)
+        return HintedAsyncOpenAI(
+            base_url="http://model.test:8000/v1",
+            api_key="k",
+            http_client=httpx2.AsyncClient(transport=transport),
+        )

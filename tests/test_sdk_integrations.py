@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from typing import Any
-
 import httpx2
 import pytest
 
@@ -18,60 +14,10 @@ from agentsdk import (
     hint_scope,
     tool,
 )
-from hints_spec import CONTROL_PATH, HEADER_NAME, parse_header
+
+from sdk_calls import FakeServer, chat_reply
 
 pytestmark = pytest.mark.anyio
-
-
-def _chat(content: str | None = None, tool: str | None = None) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if tool is not None:
-        message["tool_calls"] = [
-            {
-                "id": f"call-{tool}",
-                "type": "function",
-                "function": {"name": tool, "arguments": "{}"},
-            }
-        ]
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "tiny",
-        "choices": [
-            {"index": 0, "message": message, "finish_reason": "tool_calls" if tool else "stop"}
-        ],
-        "usage": {
-            "prompt_tokens": 100,
-            "completion_tokens": 5,
-            "total_tokens": 105,
-            "prompt_tokens_details": {"cached_tokens": 64},
-        },
-    }
-
-
-@dataclass
-class FakeServer:
-    """An OpenAI-compatible server in a MockTransport: scripted chats, recorded requests."""
-
-    replies: list[dict[str, Any]]
-    chats: list[tuple[httpx2.Headers, dict[str, Any]]] = field(default_factory=list)
-    control: list[dict[str, Any]] = field(default_factory=list)
-
-    def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        body = json.loads(request.content)
-        if request.url.path == CONTROL_PATH:
-            self.control.append(body)
-            results = [{"index": i, "outcome": "accepted"} for i in range(len(body["events"]))]
-            return httpx2.Response(200, json={"v": 1, "results": results})
-        self.chats.append((request.headers, body))
-        return httpx2.Response(200, json=self.replies.pop(0))
-
-    def hints(self) -> list[dict[str, object]]:
-        return [parse_header(headers[HEADER_NAME]).normalized() for headers, _ in self.chats]
-
-    def events(self) -> list[dict[str, Any]]:
-        return [event for body in self.control for event in body["events"]]
 
 
 @tool(strict=True, expected_seconds=4.0)
@@ -90,7 +36,7 @@ AGENT = Agent(
 
 
 async def test_runner_on_a_hinted_async_client() -> None:
-    server = FakeServer([_chat(tool="run_tests"), _chat("fixed")])
+    server = FakeServer([chat_reply(tool="run_tests"), chat_reply("fixed")])
     client = HintedAsyncOpenAI(
         base_url="http://model.test/v1",
         api_key="k",
@@ -117,11 +63,11 @@ async def test_runner_on_a_hinted_async_client() -> None:
         {"type": "tool_end", "tool": "run_tests"},
         {"type": "end"},
     ]
-    assert {body["sid"] for body in server.control} == {sid}
+    assert {body["sid"] for _, body in server.control} == {sid}
 
 
 def test_run_sync_on_a_hinted_sync_client() -> None:
-    server = FakeServer([_chat(tool="run_tests"), _chat("fixed")])
+    server = FakeServer([chat_reply(tool="run_tests"), chat_reply("fixed")])
     client = HintedOpenAI(
         base_url="http://model.test/v1",
         api_key="k",
@@ -141,7 +87,7 @@ async def test_openai_agents_sdk_with_hinted_client_and_hooks() -> None:
     from agentsdk.integrations.openai_agents import HintsRunHooks
 
     agents.set_tracing_disabled(True)
-    server = FakeServer([_chat(tool="lint"), _chat("clean")])
+    server = FakeServer([chat_reply(tool="lint"), chat_reply("clean")])
     client = HintedAsyncOpenAI(
         base_url="http://model.test/v1",
         api_key="k",

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import httpx2
+import openai
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from agentsdk import Agent, RunConfig, Runner, ScriptedCall, ScriptedModel, tool
+from agentsdk import (
+    Agent,
+    ModelCallError,
+    ModelSettings,
+    RunConfig,
+    Runner,
+    ScriptedCall,
+    ScriptedModel,
+    tool,
+)
 from agentsdk._tracing import (
     AGENT_HINTS_BRANCH,
     AGENT_HINTS_FORK_CHILDREN,
@@ -16,14 +29,32 @@ from agentsdk._tracing import (
     AGENT_HINTS_PARENT_BRANCH,
     AGENT_HINTS_TOOL_ETA,
     ERROR_TYPE,
+    GEN_AI_AGENT_DESCRIPTION,
+    GEN_AI_AGENT_NAME,
     GEN_AI_CONVERSATION_ID,
     GEN_AI_OPERATION_NAME,
+    GEN_AI_OUTPUT_TYPE,
+    GEN_AI_PROVIDER_NAME,
+    GEN_AI_REQUEST_MAX_TOKENS,
     GEN_AI_REQUEST_MODEL,
+    GEN_AI_REQUEST_SEED,
+    GEN_AI_REQUEST_TEMPERATURE,
+    GEN_AI_REQUEST_TOP_P,
+    GEN_AI_RESPONSE_ID,
+    GEN_AI_RESPONSE_MODEL,
+    GEN_AI_TOKEN_TYPE,
     GEN_AI_TOOL_CALL_ID,
+    GEN_AI_TOOL_DESCRIPTION,
+    GEN_AI_TOOL_NAME,
+    GEN_AI_TOOL_TYPE,
     GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
     GEN_AI_USAGE_INPUT_TOKENS,
     GEN_AI_USAGE_OUTPUT_TOKENS,
+    SERVER_ADDRESS,
+    SERVER_PORT,
 )
+
+from sdk_calls import FakeServer, chat_reply
 
 pytestmark = pytest.mark.anyio
 
@@ -101,3 +132,156 @@ async def test_spans_follow_genai_conventions() -> None:
 async def test_no_provider_means_no_op() -> None:
     result = await Runner.run(Agent(name="a", model="m"), "x", client=ScriptedModel(["ok"]))
     assert result.final_output == "ok"
+
+
+def _span_of(traceparent: str) -> tuple[int, int]:
+    """(trace id, span id) of a W3C ``traceparent`` header."""
+    version, trace_id, span_id, flags = traceparent.split("-")
+    assert version == "00" and int(flags, 16) & 1  # sampled
+    return int(trace_id, 16), int(span_id, 16)
+
+
+@tool(description="Run the test suite.")
+def run_tests() -> str:
+    return "3 passed"
+
+
+async def test_one_run_carries_the_required_genai_attributes_and_joins_traces() -> None:
+    server = FakeServer([chat_reply(tool="run_tests"), chat_reply("fixed")])
+    agent = Agent(
+        name="coder",
+        description="Fixes bugs.",
+        model="tiny",
+        tools=[run_tests],
+        model_settings=ModelSettings(
+            tool_choice=["run_tests"], temperature=0.2, top_p=0.9, max_tokens=64, seed=7
+        ),
+    )
+    provider, exporter = _spans()
+    async with server.client() as client:
+        result = await Runner.run(
+            agent, "fix", client=client, run_config=RunConfig(tracer_provider=provider)
+        )
+    spans = exporter.get_finished_spans()
+    chats = [s for s in spans if s.name == "chat tiny"]
+    [invoke] = [s for s in spans if s.name == "invoke_agent coder"]
+    [execute] = [s for s in spans if s.name == "execute_tool run_tests"]
+    request_attributes = {
+        GEN_AI_PROVIDER_NAME: "openai",
+        GEN_AI_REQUEST_MODEL: "tiny",
+        GEN_AI_CONVERSATION_ID: result.session_id,
+        GEN_AI_REQUEST_TEMPERATURE: 0.2,
+        GEN_AI_REQUEST_TOP_P: 0.9,
+        GEN_AI_REQUEST_MAX_TOKENS: 64,
+        GEN_AI_REQUEST_SEED: 7,
+        SERVER_ADDRESS: "model.test",
+        SERVER_PORT: 8000,
+    }
+    for chat in chats:
+        attributes = dict(chat.attributes or {})
+        assert attributes.items() >= {GEN_AI_OPERATION_NAME: "chat", **request_attributes}.items()
+        assert attributes[GEN_AI_RESPONSE_ID] == "chatcmpl-1"
+        assert attributes[GEN_AI_RESPONSE_MODEL] == "tiny"
+        assert attributes[GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 64
+        assert ERROR_TYPE not in attributes and GEN_AI_OUTPUT_TYPE not in attributes
+    invoke_attributes = dict(invoke.attributes or {})
+    assert (
+        invoke_attributes.items()
+        >= {
+            GEN_AI_OPERATION_NAME: "invoke_agent",
+            GEN_AI_AGENT_NAME: "coder",
+            GEN_AI_AGENT_DESCRIPTION: "Fixes bugs.",
+            **request_attributes,
+        }.items()
+    )
+    assert invoke_attributes[GEN_AI_USAGE_INPUT_TOKENS] == 200
+    assert (
+        dict(execute.attributes or {}).items()
+        >= {
+            GEN_AI_OPERATION_NAME: "execute_tool",
+            GEN_AI_TOOL_NAME: "run_tests",
+            GEN_AI_TOOL_TYPE: "function",
+            GEN_AI_TOOL_CALL_ID: "call-run_tests",
+            GEN_AI_TOOL_DESCRIPTION: "Run the test suite.",
+        }.items()
+    )
+    # Every model call carries its chat span as traceparent: the server's span joins it.
+    sent = [_span_of(headers["traceparent"]) for headers, _ in server.chats]
+    assert sent == [(chat.context.trace_id, chat.context.span_id) for chat in chats]
+    # And every control event, the span of the run that caused it.
+    run_spans = {invoke.context.span_id, execute.context.span_id}
+    for headers, _ in server.control:
+        trace_id, span_id = _span_of(headers["traceparent"])
+        assert trace_id == invoke.context.trace_id and span_id in run_spans
+    assert [e["type"] for e in server.events()] == ["tool_start", "tool_end", "end"]
+
+
+async def test_failed_calls_carry_error_type() -> None:
+    error = openai.APITimeoutError(request=httpx2.Request("POST", "http://model/v1"))
+    provider, exporter = _spans()
+    with pytest.raises(ModelCallError):
+        await Runner.run(
+            Agent(name="a", model="m"),
+            "x",
+            client=ScriptedModel([error]),
+            run_config=RunConfig(tracer_provider=provider),
+        )
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    for name in ("chat m", "invoke_agent a"):
+        assert (spans[name].attributes or {})[ERROR_TYPE] == "APITimeoutError"
+        assert spans[name].status.status_code is StatusCode.ERROR
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, list[HistogramDataPoint]]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        metric.name: list(metric.data.data_points)  # type: ignore[arg-type]
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    }
+
+
+async def test_genai_client_metrics_with_a_meter_provider() -> None:
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    server = FakeServer([chat_reply(tool="run_tests"), chat_reply("fixed")])
+    agent = Agent(
+        name="coder",
+        model="tiny",
+        tools=[run_tests],
+        model_settings=ModelSettings(tool_choice=["run_tests"]),
+    )
+    async with server.client() as client:
+        await Runner.run(agent, "fix", client=client, run_config=RunConfig(meter_provider=meters))
+    error = openai.APITimeoutError(request=httpx2.Request("POST", "http://model/v1"))
+    with pytest.raises(ModelCallError):
+        await Runner.run(
+            Agent(name="a", model="m"),
+            "x",
+            client=ScriptedModel([error]),
+            run_config=RunConfig(meter_provider=meters),
+        )
+    points = _points(reader)
+    tokens = {
+        (p.attributes or {})[GEN_AI_TOKEN_TYPE]: p for p in points["gen_ai.client.token.usage"]
+    }
+    assert tokens["input"].sum == 200 and tokens["input"].count == 2
+    assert tokens["output"].sum == 10
+    assert (
+        dict(tokens["input"].attributes or {}).items()
+        >= {
+            GEN_AI_OPERATION_NAME: "chat",
+            GEN_AI_PROVIDER_NAME: "openai",
+            GEN_AI_REQUEST_MODEL: "tiny",
+            GEN_AI_RESPONSE_MODEL: "tiny",
+            SERVER_ADDRESS: "model.test",
+            SERVER_PORT: 8000,
+        }.items()
+    )
+    durations = points["gen_ai.client.operation.duration"]
+    ok = next(p for p in durations if ERROR_TYPE not in (p.attributes or {}))
+    failed = next(p for p in durations if ERROR_TYPE in (p.attributes or {}))
+    assert ok.count == 2 and ok.sum > 0
+    assert (failed.attributes or {})[ERROR_TYPE] == "APITimeoutError"
