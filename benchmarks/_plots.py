@@ -15,9 +15,14 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ._report import ConfigRun
+from hints_spec import USER_TOOL
 
-__all__ = ["write_plots"]
+from ._report import ConfigRun, returns
+
+__all__ = ["write_calibration_plot", "write_plots"]
+
+_FLOOR_S = 1e-3
+"""Waits and ETAs below this are drawn at it: a log axis has no 0."""
 
 
 def _ttft_cdf(run: ConfigRun) -> tuple[list[float], list[float]]:
@@ -97,3 +102,39 @@ def write_plots(runs: Sequence[ConfigRun], out_dir: Path, stem: str) -> list[Pat
             ylabel="reused / theoretical max (cumulative)",
         ),
     ]
+
+
+def write_calibration_plot(run: ConfigRun, out_dir: Path, stem: str) -> Path:
+    """Write ``<stem>-calibration.png``: each wait after a response against the
+    client's ETA for it, one colour per kind of wait (log-log; the band is 2x)."""
+    points: dict[str, tuple[list[float], list[float]]] = {}
+    for prev, _, wait_s in returns(run.records):
+        kind = USER_TOOL if prev.ends_turn else prev.wait_kind
+        if kind is not None and prev.eta_s is not None:
+            eta, actual = points.setdefault(kind, ([], []))
+            eta.append(max(prev.eta_s, _FLOOR_S))
+            actual.append(max(wait_s, _FLOOR_S))
+    fig = Figure(figsize=(7.0, 5.5), layout="tight")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    if points:
+        for kind, (eta, actual) in sorted(points.items(), key=lambda kv: -len(kv[1][0])):
+            ax.scatter(eta, actual, s=10, alpha=0.6, label=f"{kind} (n={len(eta)})")
+        low = min(min(min(e), min(a)) for e, a in points.values())
+        high = max(max(max(e), max(a)) for e, a in points.values())
+        line = [low, high]
+        ax.plot(line, line, color="black", linewidth=0.8)
+        ax.fill_between(line, [x / 2 for x in line], [x * 2 for x in line], alpha=0.1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.legend(loc="best", fontsize="x-small")
+    else:
+        ax.text(0.5, 0.5, "no waits with an ETA", ha="center", transform=ax.transAxes)
+    ax.set_title(f"Waits after each response vs the SDK's ETA ({run.name})")
+    ax.set_xlabel("ETA from tool_start (s, log scale)")
+    ax.set_ylabel("real wait (s, log scale)")
+    ax.grid(True, alpha=0.3)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stem}-calibration.png"
+    fig.savefig(path, dpi=120)
+    return path

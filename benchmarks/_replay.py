@@ -104,7 +104,14 @@ class ReplaySettings:
 
 @dataclass(slots=True)
 class RequestRecord:
-    """One replayed request; ``sent_at`` is s from the start of the run."""
+    """One replayed request; ``sent_at`` is s from the start of the run.
+
+    The agent replay (``benchmarks.agent_replay``) also says what the wait after
+    the response is on (``wait_kind``: the tool kind, None when the turn ends),
+    when the client expected the branch back (``eta_s``: the largest ``eta`` of
+    the response's ``tool_start`` events, or the ``user`` one's) and the
+    server's own prediction, when the response carries one (``server_gap_s``).
+    """
 
     trace_id: str
     branch: str
@@ -120,6 +127,9 @@ class RequestRecord:
     latency_s: float | None = None
     error: str | None = None
     ends_turn: bool = False
+    wait_kind: str | None = None
+    eta_s: float | None = None
+    server_gap_s: float | None = None
 
 
 OnDone = Callable[[RequestRecord], None]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from hints_spec import HintError, parse_header
+from hints_spec import USER_TOOL, HintError, parse_header
 
 from ._replay import RequestRecord
 from ._server import MetricsSample
@@ -20,11 +20,14 @@ from ._server import MetricsSample
 __all__ = [
     "ConfigRun",
     "Return",
+    "format_calibration",
     "format_table",
     "hinted_gap",
+    "log2_error",
     "read_json",
     "returns",
     "summarize",
+    "wait_calibration",
     "write_json",
 ]
 
@@ -107,6 +110,72 @@ def returns(records: Iterable[RequestRecord]) -> Iterator[Return]:
             yield Return(prev, r, max(r.sent_at - (prev.sent_at + prev.latency_s), 0.0))
 
 
+def log2_error(predicted: float, actual: float) -> float:
+    """|log2(actual / predicted)| of a predicted wait, both floored at 10 ms: at
+    most 1.0 is "within 2x"."""
+    return abs(math.log2(max(actual, _MIN_GAP_S) / max(predicted, _MIN_GAP_S)))
+
+
+def _share_within_2x(pairs: Iterable[tuple[float | None, float]]) -> float | None:
+    """Share of (predicted, actual) pairs within 2x; pairs without a prediction do
+    not count; None when no pair has one."""
+    errors = [log2_error(p, a) for p, a in pairs if p is not None]
+    return sum(e <= 1.0 for e in errors) / len(errors) if errors else None
+
+
+def wait_calibration(records: Iterable[RequestRecord]) -> dict[str, dict[str, Any]]:
+    """Per kind of wait (the tool kind, or ``user`` after a turn's end), most
+    waits first: how many, their share, their median and p90 (s, as replayed),
+    and the share the client's ``eta`` and the server's own prediction put
+    within 2x of the real wait (None where that side predicted none). The key
+    ``all`` pools every kind."""
+    waits: dict[str, list[tuple[float, float | None, float | None]]] = {}
+    for prev, _, wait_s in returns(records):
+        kind = USER_TOOL if prev.ends_turn else prev.wait_kind
+        if kind is not None:
+            waits.setdefault(kind, []).append((wait_s, prev.eta_s, prev.server_gap_s))
+    total = sum(len(rows) for rows in waits.values())
+    pooled = [row for rows in waits.values() for row in rows]
+    table: dict[str, dict[str, Any]] = {}
+    for kind, rows in [
+        *sorted(waits.items(), key=lambda kv: (-len(kv[1]), kv[0])),
+        ("all", pooled),
+    ]:
+        if not rows:
+            continue
+        actual = sorted(w for w, _, _ in rows)
+        table[kind] = {
+            "waits": len(rows),
+            "share_of_waits": len(rows) / total,
+            "median_wait_s": statistics.median(actual),
+            "p90_wait_s": _quantile(actual, 0.9),
+            "client_within_2x": _share_within_2x((c, w) for w, c, _ in rows),
+            "server_within_2x": _share_within_2x((s, w) for w, _, s in rows),
+        }
+    return table
+
+
+def format_calibration(table: Mapping[str, Mapping[str, Any]]) -> str:
+    """``wait_calibration``'s table, one row per kind of wait."""
+    head = (
+        f"{'wait on':<16}{'waits':>7}{'share':>8}{'median s':>10}{'p90 s':>9}"
+        f"{'client 2x':>11}{'server 2x':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    for kind, row in table.items():
+        client, server = row["client_within_2x"], row["server_within_2x"]
+        lines.append(
+            f"{kind:<16}{row['waits']:>7}{100 * row['share_of_waits']:>7.1f}%"
+            f"{row['median_wait_s']:>10.3f}{_fmt(row['p90_wait_s'], '.3f'):>9}"
+            f"{_percent(client):>11}{_percent(server):>11}"
+        )
+    return "\n".join(lines)
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
 def _calibration(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
     """How well each hinted ``gap`` predicted the real one (this response to the
     next request of the branch): retention and prefetch act on the prediction,
@@ -122,10 +191,7 @@ def _calibration(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
             actual.append(wait_s)
     if not predicted:
         return None
-    errors = [
-        abs(math.log2(max(a, _MIN_GAP_S) / max(p, _MIN_GAP_S)))
-        for p, a in zip(predicted, actual, strict=True)
-    ]
+    errors = [log2_error(p, a) for p, a in zip(predicted, actual, strict=True)]
     return {
         "pairs": len(errors),
         "predicted_median_s": statistics.median(predicted),

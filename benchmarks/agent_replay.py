@@ -1,0 +1,370 @@
+"""``python -m benchmarks.agent_replay``: Claude Code sessions through the SDK's own agent loop.
+
+Reads Claude Code transcripts (``~/.claude/projects/*/*.jsonl``, or
+``../shared/traces-claude-code``) and replays each session as a run of
+``agentsdk``'s agent loop against a fresh vLLM server per configuration, all
+sessions concurrently, same KV capacity:
+
+- ``plain``: vLLM as shipped, the plain ``openai`` client;
+- ``hinted``: the agent-hints extension with its defaults, device KV only, the
+  SDK's hinted client (its ``gap``, ``tool_start``/``tool_end`` with tool
+  names and ETAs, forks, ends);
+- ``prefetch``, ``host``, ``mooncake``: plus warm-ups, a host tier, a
+  Mooncake Store tier, as in ``benchmarks.replay``;
+- ``unlimited``: plain vLLM with room for every distinct block: the bound.
+
+Each tool call sleeps for its recorded duration divided by ``--time-scale``
+(capped at ``--max-think``) and returns a result of the recorded size; each 64
+prompt tokens become ``--scale-k`` token ids (4: 1/16 scale); outputs are
+forced to their recorded length at the same scale, at most ``--max-out``.
+Sessions: the first ``--sessions`` by file name with a tool call whose every
+prompt fits ``--max-model-len`` minus ``--max-out``. ``--kv-blocks`` defaults
+to a third of their live working set (each session's largest prompt, for the
+sessions in flight at once).
+
+Prints a progress bar, the comparison table, the calibration table (per kind
+of wait: how often the SDK's ETA and the server's prediction were within 2x)
+and the reuse exact future knowledge would reach in each run's send order
+(Belady); writes the JSON (``summary.<config>``, ``calibration.<kind>``,
+``bound.<config>``, every request) and, beside it, a TTFT CDF, a reuse-over-time
+plot and the calibration scatter (PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import shlex
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from server_ext import LocalServer, make_test_model
+
+from ._agent_replay import AgentRun, agent_replay
+from ._claude_code import (
+    PromptMapper,
+    Session,
+    default_claude_code_dir,
+    read_session,
+    replayed_calls,
+)
+from ._plots import write_calibration_plot, write_plots
+from ._replay import ReplaySettings, RequestRecord
+from ._report import (
+    ConfigRun,
+    format_calibration,
+    format_table,
+    summarize,
+    wait_calibration,
+    write_json,
+)
+from ._run import OnDone, machine, run_config, runnable
+from ._server import CONFIGS, Config, ServerPlan, sigterm_as_exit
+from ._traces import PrefixIndex
+from .bound import bounds
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+AGENT_CONFIGS: dict[str, Config] = {
+    c.name: c
+    for c in (
+        CONFIGS["plain"],
+        Config("hinted", "+ agent-hints extension, defaults, device KV only", extension=True),
+        CONFIGS["prefetch"],
+        CONFIGS["host"],
+        CONFIGS["mooncake"],
+        CONFIGS["unlimited"],
+    )
+}
+"""The configurations, in table order."""
+
+DEFAULT_CONFIGS = "plain,hinted,unlimited"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.agent_replay", description=__doc__)
+    p.add_argument(
+        "--claude-code",
+        type=Path,
+        help="transcript directory, searched recursively (default: $AGENT_HINTS_CLAUDE_CODE "
+        "or ../shared/traces-claude-code; your own: ~/.claude/projects)",
+    )
+    p.add_argument("--sessions", type=int, default=8, help="sessions replayed (default 8)")
+    p.add_argument("--concurrency", type=int, help="sessions in flight at once (default: all)")
+    p.add_argument("--time-scale", type=float, default=20.0, help="divide recorded waits by this")
+    p.add_argument("--max-think", type=float, default=30.0, help="cap on one scaled wait, s")
+    p.add_argument(
+        "--scale-k", type=int, default=4, help="token ids per 64 prompt tokens (4 = 1/16 scale)"
+    )
+    p.add_argument("--max-out", type=int, default=32, help="cap on max_tokens per request")
+    p.add_argument(
+        "--kv-blocks", type=int, help="device KV blocks (default: a third of the working set)"
+    )
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument(
+        "--configs",
+        default=DEFAULT_CONFIGS,
+        help=f"comma-separated, of: {', '.join(AGENT_CONFIGS)} (default {DEFAULT_CONFIGS})",
+    )
+    p.add_argument(
+        "--extension-config",
+        default="{}",
+        help="JSON kv_connector_extra_config for the extension (default: its defaults)",
+    )
+    p.add_argument(
+        "--tier-bytes",
+        type=int,
+        default=2 << 30,
+        help="host tier budget and Mooncake segment size, bytes (default 2 GiB)",
+    )
+    p.add_argument("--server-args", default="", help="more vLLM flags for every configuration")
+    p.add_argument("--model", help="checkpoint directory (default: the generated test model)")
+    p.add_argument("--out", type=Path, default=Path("results/agent-replay.json"))
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--sample-period", type=float, default=1.0, help="s between /metrics samples")
+    return p
+
+
+def _blocks(session: Session, k: int) -> Iterator[int]:
+    """Each replayed prompt's length in token ids."""
+    mapper = PromptMapper(session, k)
+    return (mapper.blocks(call) * k for _, call in replayed_calls(session))
+
+
+def select_sessions(directory: Path, k: int, max_prompt: int, n: int) -> list[Session]:
+    """The first ``n`` transcripts under ``directory`` (by path) with at least one
+    tool call whose every prompt fits ``max_prompt`` token ids at ``k``."""
+    chosen: list[Session] = []
+    for path in sorted(directory.rglob("*.jsonl")):
+        session = read_session(path)
+        waits = any(not c.ends_turn for _, c in replayed_calls(session))
+        if waits and max(_blocks(session, k), default=0) <= max_prompt:
+            chosen.append(session)
+            if len(chosen) == n:
+                break
+    return chosen
+
+
+def _session_info(
+    sessions: Sequence[Session], k: int, block_size: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Per-session facts, and the distinct prompt blocks of the whole run."""
+    index = PrefixIndex(block_size)
+    info = []
+    for session in sessions:
+        mapper = PromptMapper(session, k)
+        prompts = [mapper.prompt(branch, call) for branch, call in replayed_calls(session)]
+        info.append(
+            {
+                "id": session.session_id,
+                "model": session.model,
+                "requests": len(prompts),
+                "sub_agents": sum(1 for _ in session.branches()) - 1,
+                "tool_calls": session.num_tool_calls,
+                "prompt_tokens": sum(len(p) for p in prompts),
+                "largest_prompt": max(len(p) for p in prompts),
+                "theoretical_cached_tokens": sum(index.add(p) for p in prompts),
+                "skipped_lines": session.skipped_lines,
+                "dropped_calls": session.dropped_calls,
+            }
+        )
+    return info, index.blocks
+
+
+def _kv_plan(
+    info: Sequence[Mapping[str, Any]], distinct_blocks: int, args: argparse.Namespace
+) -> tuple[int, int, int]:
+    """(live working set, device, unlimited) KV blocks.
+
+    The live working set is what keeping the largest prompt of every session in
+    flight at once takes; the device default is a third of it (at least one
+    full-length request); the unlimited run has room for every distinct prompt
+    block, a decode block per request and a full-length request per session."""
+    size = args.block_size
+    peaks = sorted((math.ceil(i["largest_prompt"] / size) for i in info), reverse=True)
+    working_set = sum(peaks[: args.concurrency or len(peaks)])
+    per_request = math.ceil(args.max_model_len / size)
+    # vLLM needs room for one full-length request, plus its null block.
+    device = args.kv_blocks or max(math.ceil(working_set / 3), per_request + 1)
+    requests = sum(i["requests"] for i in info)
+    unlimited = max(device, distinct_blocks + requests + len(info) * per_request)
+    return working_set, device, unlimited
+
+
+def _bound(run: ConfigRun, prompts: Sequence[Sequence[int]], block_size: int) -> dict[str, Any]:
+    """The reuse LRU and exact future knowledge (Belady) reach with the run's
+    capacity, serving its prompts in the order it sent them."""
+    theory = sum(r.theoretical_cached for r in run.records)
+    lru, belady = bounds(prompts, block_size, run.kv_blocks)
+    return {
+        "kv_blocks": run.kv_blocks,
+        "lru_of_theoretical": lru / theory if theory else None,
+        "belady_of_theoretical": belady / theory if theory else None,
+    }
+
+
+def _calibrated(runs: Sequence[ConfigRun]) -> ConfigRun | None:
+    """The run whose waits the calibration scores: the first with hints."""
+    return next((r for r in runs if AGENT_CONFIGS[r.name].hints), None)
+
+
+def _report(
+    header: Mapping[str, Any],
+    runs: Sequence[ConfigRun],
+    bound: Mapping[str, Any],
+    errors: Mapping[str, Mapping[str, str]],
+) -> dict[str, Any]:
+    """The header plus what the runs so far add: summaries, calibration, bounds."""
+    scored = _calibrated(runs)
+    return {
+        **header,
+        "summary": {r.name: summarize(r) for r in runs},
+        "calibration": wait_calibration(scored.records) if scored is not None else {},
+        "calibration_config": scored.name if scored is not None else None,
+        "bound": dict(bound),
+        "session_errors": {name: dict(e) for name, e in errors.items() if e},
+    }
+
+
+def _run(
+    config: Config,
+    plan: ServerPlan,
+    sessions: Sequence[Session],
+    total: int,
+    args: argparse.Namespace,
+) -> tuple[ConfigRun, AgentRun]:
+    replayed = AgentRun()
+
+    async def replay_on(server: LocalServer, on_done: OnDone) -> list[RequestRecord]:
+        nonlocal replayed
+        settings = ReplaySettings(
+            base_url=server.root_url,
+            model=server.model,
+            k=args.scale_k,
+            time_scale=args.time_scale,
+            max_think_s=args.max_think,
+            max_out=args.max_out,
+            hints=config.hints,
+            block_size=args.block_size,
+            concurrency=args.concurrency,
+        )
+        replayed = await agent_replay(sessions, settings, on_done=on_done)
+        return replayed.records
+
+    run = run_config(config, plan, args.out.parent, total, replay_on, args.sample_period)
+    for sid, error in replayed.errors.items():
+        print(f"[{config.name}] session {sid} failed: {error}", file=sys.stderr)
+    return run, replayed
+
+
+def _configs(names: str) -> list[Config]:
+    wanted = [c.strip() for c in names.split(",") if c.strip()]
+    unknown = sorted(set(wanted) - set(AGENT_CONFIGS))
+    if unknown or not wanted:
+        sys.exit(f"error: unknown configs {unknown}; choose from {', '.join(AGENT_CONFIGS)}")
+    return runnable([AGENT_CONFIGS[n] for n in wanted])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configs = _configs(args.configs)
+    try:
+        extension_config = json.loads(args.extension_config)
+    except json.JSONDecodeError as e:
+        sys.exit(f"error: --extension-config is not JSON ({e})")
+    if not isinstance(extension_config, dict):
+        sys.exit("error: --extension-config must be a JSON object")
+    directory: Path = args.claude_code or default_claude_code_dir(REPO_ROOT)
+    if not directory.is_dir():
+        sys.exit(
+            f"error: transcript directory {directory} not found: pass --claude-code DIR "
+            "(your own sessions: ~/.claude/projects) or set AGENT_HINTS_CLAUDE_CODE"
+        )
+    sessions = select_sessions(
+        directory, args.scale_k, args.max_model_len - args.max_out, args.sessions
+    )
+    if not sessions:
+        sys.exit(
+            f"error: no session under {directory} has a tool call and fits --max-model-len "
+            "at this --scale-k"
+        )
+    info, distinct = _session_info(sessions, args.scale_k, args.block_size)
+    working_set, kv_blocks, unlimited_blocks = _kv_plan(info, distinct, args)
+    for i in info:
+        print(
+            f"{i['id']}: {i['requests']} requests, {i['tool_calls']} tool calls, "
+            f"{i['sub_agents']} sub-agents, {i['prompt_tokens']:,} prompt tokens"
+        )
+    print(
+        f"live working set {working_set} blocks: device KV {kv_blocks} blocks "
+        f"({kv_blocks / working_set:.0%}), unlimited {unlimited_blocks}"
+    )
+    header: dict[str, Any] = {
+        "benchmark": "agent_replay",
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "machine": machine(),
+        "sessions": info,
+        "working_set_blocks": working_set,
+        "kv_blocks": kv_blocks,
+        "unlimited_kv_blocks": unlimited_blocks,
+    }
+    total = sum(i["requests"] for i in info)
+    runs: list[ConfigRun] = []
+    bound: dict[str, Any] = {}
+    errors: dict[str, dict[str, str]] = {}
+    with sigterm_as_exit(), tempfile.TemporaryDirectory(prefix="agent-replay-model-") as tmp:
+        plan = ServerPlan(
+            model=args.model or str(make_test_model(tmp)),
+            kv_blocks=kv_blocks,
+            unlimited_blocks=unlimited_blocks,
+            block_size=args.block_size,
+            max_model_len=args.max_model_len,
+            extra_config=extension_config,
+            tier_bytes=args.tier_bytes,
+            server_args=tuple(shlex.split(args.server_args)),
+            startup_timeout_s=args.startup_timeout,
+        )
+        for config in configs:
+            run, replayed = _run(config, plan, sessions, total, args)
+            runs.append(run)
+            bound[run.name] = _bound(run, replayed.prompts, args.block_size)
+            errors[run.name] = replayed.errors
+            write_json(args.out, _report(header, runs, bound, errors), runs)
+            if len(runs) < len(configs):  # the table so far; the last one follows below
+                print(format_table([summarize(r) for r in runs]), flush=True)
+
+    report = _report(header, runs, bound, errors)
+    print()
+    print(format_table(list(report["summary"].values())))
+    if report["calibration"]:
+        print(f"\nwaits after each response ({report['calibration_config']} run):")
+        print(format_calibration(report["calibration"]))
+    print("\nreuse of the theoretical maximum in each run's send order, its KV:")
+    for name, b in bound.items():
+        print(
+            f"  {name:<12} run {_pct(report['summary'][name]['reuse_of_theoretical'])}"
+            f"  LRU {_pct(b['lru_of_theoretical'])}"
+            f"  exact future knowledge (Belady) {_pct(b['belady_of_theoretical'])}"
+        )
+    scored = _calibrated(runs)
+    plots = write_plots(runs, args.out.parent, args.out.stem)
+    if scored is not None:
+        plots.append(write_calibration_plot(scored, args.out.parent, args.out.stem))
+    print(f"\nwrote {args.out}" + "".join(f"\n      {p}" for p in plots))
+    ok = all(s["failed"] == 0 for s in report["summary"].values())
+    return 0 if ok and not report["session_errors"] else 1
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
