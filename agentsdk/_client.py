@@ -23,12 +23,12 @@ from openai._models import FinalRequestOptions
 from opentelemetry import propagate
 from typing_extensions import override
 
-from hints_spec import HEADER_NAME, SESSION_HEADER
+from hints_spec import HEADER_NAME, SESSION_HEADER, AgentHints, serialize_header
 
 from ._errors import NoSessionWarning
 from ._scope import active_scope
 
-__all__ = ["HintedAsyncOpenAI", "HintedOpenAI", "has_header"]
+__all__ = ["HintedAsyncOpenAI", "HintedOpenAI", "has_header", "hint_headers"]
 
 _CACHE_KEY = "prompt_cache_key"
 # Endpoints whose request body has a typed ``prompt_cache_key`` (chat completions, responses);
@@ -47,6 +47,15 @@ def has_header(mapping: Mapping[str, object], name: str) -> bool:
     """Whether ``mapping`` sets header ``name`` (names are case-insensitive)."""
     lower = name.lower()
     return any(key.lower() == lower for key in mapping)
+
+
+def hint_headers(hints: AgentHints) -> dict[str, str]:
+    """The headers a hinted client would add for ``hints``: for a framework that lets a run
+    set request headers but was given a plain client."""
+    headers = {HEADER_NAME: serialize_header(hints)}
+    if hints.sid is not None:
+        headers[SESSION_HEADER] = hints.sid
+    return headers
 
 
 def _with_hints(

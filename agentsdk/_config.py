@@ -16,6 +16,7 @@ from ._validated import Validated
 __all__ = [
     "DEFAULT_MAX_FORK_DEPTH",
     "DEFAULT_MAX_MODEL_CALLS",
+    "DEFAULT_USER_WAIT_PRIOR",
     "TOOL_CHOICE_KEYWORDS",
     "ModelSettings",
     "RunConfig",
@@ -32,6 +33,9 @@ DEFAULT_MAX_MODEL_CALLS = 50
 
 DEFAULT_MAX_FORK_DEPTH = 3
 """How deep sub-agents may nest (1: the root's children only)."""
+
+DEFAULT_USER_WAIT_PRIOR = 60.0
+"""Seconds a user is assumed to take to reply, until a session has timed one reply."""
 
 _Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, strict=True)]
 
@@ -130,7 +134,7 @@ class RunConfig(Validated):
     end_session: Annotated[bool, Field(strict=True)] | None = None
     latency_prior: _Seconds = 1.0
     latency_quantile: Annotated[float, Field(gt=0, lt=1, strict=True)] = 0.5
-    user_wait_prior: _Seconds = 60.0
+    user_wait_prior: _Seconds = DEFAULT_USER_WAIT_PRIOR
     max_model_calls: Annotated[int, Field(ge=1, strict=True)] = DEFAULT_MAX_MODEL_CALLS
     max_fork_depth: Annotated[int, Field(ge=0, strict=True)] = DEFAULT_MAX_FORK_DEPTH
     tracer_provider: TracerProvider | None = Field(default=None, repr=False)

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, Field
 
-from hints_spec import MAX_SECONDS
+from hints_spec import MAX_SECONDS, USER_TOOL, ToolStart
 
 from ._errors import UserError
 
-__all__ = ["LatencyEstimator", "LatencyStats"]
+__all__ = ["LatencyEstimator", "LatencyStats", "user_wait"]
 
 _MIN_SECONDS = 1e-3
 _MAX_SECONDS = float(MAX_SECONDS)  # the protocol's bound on gap and eta
@@ -109,3 +109,11 @@ class LatencyEstimator:
             if cumulative >= target:
                 return seconds
         return points[-1][0]  # float rounding left the target just out of reach
+
+
+def user_wait(estimator: LatencyEstimator, prior_seconds: float) -> ToolStart:
+    """The root branch now waits on its user (SPEC §6.3's ``user`` tool), for about the
+    session's usual reply time (``prior_seconds`` before any reply was timed)."""
+    estimate = estimator.estimate({USER_TOOL: prior_seconds})
+    assert estimate is not None  # one tool given
+    return ToolStart(tool=USER_TOOL, eta=round(estimate, 3))

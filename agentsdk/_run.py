@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from hints_spec import USER_TOOL, End, ToolStart
+from hints_spec import USER_TOOL, End
 
 from ._agent import Agent
 from ._branch import (
@@ -33,7 +33,7 @@ from ._context import RunContext
 from ._errors import UserError
 from ._hooks import RunHooks, dispatch
 from ._items import AgentInput, Message, input_messages
-from ._latency import LatencyEstimator
+from ._latency import LatencyEstimator, user_wait
 from ._model import ControlSender, ModelClient, control_sink, is_model_client, server_of
 from ._result import RunResult
 from ._scope import check_session_id, current_hints
@@ -289,16 +289,11 @@ async def _run_root(run: _Run, publish: Publish | None) -> RunResult:
                     if end_session:
                         control.submit([End()], context._trace)
                     elif session is not None:
-                        control.submit([_await_user(env, config)], context._trace)
+                        control.submit(
+                            [user_wait(env.estimator, config.user_wait_prior)], context._trace
+                        )
                     control.close()
     if error is not None:
         raise error
     assert result is not None
     return result
-
-
-def _await_user(env: RunEnv, config: RunConfig) -> ToolStart:
-    """The root branch now waits on its user, for about the session's usual reply time."""
-    estimate = env.estimator.estimate({USER_TOOL: config.user_wait_prior})
-    assert estimate is not None  # one tool given
-    return ToolStart(tool=USER_TOOL, eta=round(estimate, 3))

@@ -1,8 +1,13 @@
-"""The runner on real hinted openai clients (HTTP mocked), and the OpenAI Agents SDK adapter."""
+"""The runner on real hinted openai clients (HTTP mocked), and the adapters of other frameworks
+on the same mocked server (the real server: test_sdk_adapters.py)."""
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import httpx2
+import openai
 import pytest
 
 from agentsdk import (
@@ -10,10 +15,12 @@ from agentsdk import (
     HintedAsyncOpenAI,
     HintedOpenAI,
     ModelSettings,
+    NoSessionWarning,
     Runner,
     hint_scope,
     tool,
 )
+from hints_spec import SESSION_HEADER
 
 from sdk_calls import FakeServer, chat_reply
 
@@ -117,3 +124,98 @@ async def test_openai_agents_sdk_with_hinted_client_and_hooks() -> None:
         {"type": "tool_end", "br": "main", "tool": "lint"},
     ]
     assert "lint" in hooks.estimator.stats.tools
+
+
+def _plain_client(server: FakeServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url="http://model.test/v1",
+        api_key="k",
+        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(server)),
+    )
+
+
+async def test_hinted_runner_makes_a_plain_client_send_the_sdk_session() -> None:
+    agents = pytest.importorskip("agents")
+    from agentsdk.integrations.openai_agents import HintedRunner
+
+    agents.set_tracing_disabled(True)
+    server = FakeServer([chat_reply(tool="lint"), chat_reply("clean")])
+    client = _plain_client(server)
+
+    @agents.function_tool
+    def lint() -> str:
+        """Lint the code."""
+        return "no issues"
+
+    agent = agents.Agent(
+        name="linter",
+        model=agents.OpenAIChatCompletionsModel(model="tiny", openai_client=client),
+        tools=[lint],
+    )
+    runner = HintedRunner(client)
+    result = await runner.run(agent, "lint it", conversation_id="conv 9 (has spaces)")
+    assert result.final_output == "clean"
+    # Not a protocol id: a stable digest of it, the same on every request and event.
+    [sid] = {h["sid"] for h in server.hints()}
+    assert isinstance(sid, str) and sid.startswith("h-")
+    assert all(headers[SESSION_HEADER] == sid for headers, _ in server.chats)
+    assert {body["sid"] for _, body in server.control} == {sid}
+    assert [(e["type"], e["tool"]) for e in server.events()] == [
+        ("tool_start", "lint"),
+        ("tool_end", "lint"),
+        ("tool_start", "user"),  # a conversation goes on: it waits on its user
+    ]
+    # Without a session of its own, a run is its own session and ends it.
+    server.replies.append(chat_reply("again"))
+    server.control.clear()
+    await runner.run(agent, "once more")
+    await client.close()
+    assert server.events() == [{"type": "end"}]
+
+
+async def test_hooks_without_a_session_warn_once() -> None:
+    pytest.importorskip("agents")
+    from agentsdk.integrations.openai_agents import HintsRunHooks
+
+    server = FakeServer([])
+    hooks = HintsRunHooks(server.client())
+    tool_stub: Any = type("T", (), {"name": "lint"})()
+    with pytest.warns(NoSessionWarning, match="no tool events are sent"):
+        await hooks.on_tool_start(Any, Any, tool_stub)  # type: ignore[arg-type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        await hooks.on_tool_end(Any, Any, tool_stub, "ok")  # type: ignore[arg-type]
+    await hooks.flush()
+    assert server.control == []
+
+
+async def test_pydantic_ai_capability_on_a_plain_client() -> None:
+    pydantic_ai = pytest.importorskip("pydantic_ai")
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from agentsdk.integrations.pydantic_ai import AgentHintsCapability
+
+    server = FakeServer([chat_reply(tool="lint"), chat_reply("clean")])
+    client = _plain_client(server)
+    agent = pydantic_ai.Agent(
+        OpenAIChatModel("tiny", provider=OpenAIProvider(openai_client=client)),
+        capabilities=[AgentHintsCapability(client, end_session=True)],
+    )
+
+    @agent.tool_plain
+    def lint() -> str:
+        """Lint the code."""
+        return "no issues"
+
+    result = await agent.run("lint it", conversation_id="ticket-9")
+    await client.close()
+    assert result.output == "clean"
+    hints = server.hints()
+    assert [h["sid"] for h in hints] == ["ticket-9", "ticket-9"]
+    assert hints[0]["gap"] == 1.0 and isinstance(hints[1]["gap"], float)  # learned
+    assert [(e["type"], e.get("tool")) for e in server.events()] == [
+        ("tool_start", "lint"),
+        ("tool_end", "lint"),
+        ("end", None),
+    ]

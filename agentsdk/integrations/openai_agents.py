@@ -1,51 +1,74 @@
-"""Tool lifecycle hints for runs of the OpenAI Agents SDK (``pip install openai-agents``).
+"""Hints for runs of the OpenAI Agents SDK (``pip install 'agent-hints[openai-agents]'``).
 
-Its model calls already carry hints when it uses a hinted client inside a ``hint_scope``
-(``OpenAIChatCompletionsModel(openai_client=HintedAsyncOpenAI(...))``). What it cannot say
-by itself is when a tool starts and how long it will take: ``HintsRunHooks`` adds that,
-as ``tool_start`` (with an ETA from a ``LatencyEstimator``) and ``tool_end`` control
-events. Importing this module imports ``agents``; ``agentsdk`` itself never does.
+One line makes a run session-aware: ``Runner = HintedRunner(client)``, with the client
+the agents' models use. Its ``run`` / ``run_sync`` / ``run_streamed`` take the SDK's own
+arguments, and the SDK's own session becomes the hint session: ``session=`` (its
+``session_id``) or ``conversation_id=``, else a session per run. Every model call then
+carries the session (through the hinted client's ``hint_scope``, or request headers
+for a plain client), tool calls are reported as ``tool_start`` (with an ETA) and
+``tool_end`` control events by ``HintsRunHooks``, and the run ends with the session's
+``end`` (no session to continue) or with the wait on the user (a kept session).
+
+``HintsRunHooks`` alone serves runs already inside a ``hint_scope``. Importing this
+module imports ``agents``; ``agentsdk`` itself never does.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
+import uuid
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-from agents import Agent, RunContextWrapper, RunHooks, Tool
+from agents import Agent, ModelSettings, RunConfig, RunContextWrapper, RunHooks, Runner, Tool
+from agents.result import RunResult, RunResultStreaming
+from openai import AsyncOpenAI, OpenAI
 
-from hints_spec import ToolEnd, ToolStart
+from hints_spec import (
+    AgentHints,
+    End,
+    ToolEnd,
+    ToolStart,
+)
 
-from .._client import HintedAsyncOpenAI, HintedOpenAI
+from .._client import HintedAsyncOpenAI, HintedOpenAI, hint_headers
+from .._config import DEFAULT_USER_WAIT_PRIOR
 from .._control import ControlChannel
-from .._latency import LatencyEstimator
-from .._scope import current_hints
+from .._errors import NoSessionWarning, UserError
+from .._latency import LatencyEstimator, user_wait
+from .._scope import current_hints, hint_scope, session_id_for
 
-__all__ = ["HintsRunHooks"]
+__all__ = ["HintedRunner", "HintsRunHooks"]
 
 
 class HintsRunHooks(RunHooks[Any]):
     """``RunHooks`` that report tool starts (with ETA) and ends to the serving engine.
 
-    Pass it as ``Runner.run(..., hooks=HintsRunHooks(client))`` and run inside
-    ``hint_scope(session=...)`` (or give ``session_id``): the session and branch come from
-    the scope, like the model calls'. Events are fire-and-forget; durations feed
-    ``estimator``, so ETAs learn from the run (share one estimator across runs to keep
-    learning).
+    The session is ``session_id``, else the enclosing ``hint_scope``'s (its branch too).
+    Without either nothing can be reported: it warns once. Events are fire-and-forget;
+    durations feed ``estimator``, so ETAs learn from the run (share one estimator across
+    runs to keep learning).
     """
 
     def __init__(
         self,
-        client: HintedAsyncOpenAI | HintedOpenAI,
+        client: OpenAI | AsyncOpenAI,
         *,
         session_id: str | None = None,
         estimator: LatencyEstimator | None = None,
     ) -> None:
+        if not isinstance(client, OpenAI | AsyncOpenAI):
+            raise UserError(
+                f"HintsRunHooks: client must be an openai client, got {type(client).__name__}"
+            )
         self.estimator = estimator if estimator is not None else LatencyEstimator()
         self._channel = ControlChannel(client)
         self._session_id = session_id
         self._started: dict[str, float] = {}
+        self._warned = False
 
     async def on_tool_start(
         self, context: RunContextWrapper[Any], agent: Agent[Any], tool: Tool
@@ -72,6 +95,138 @@ class HintsRunHooks(RunHooks[Any]):
         sid = self._session_id or (hints.sid if hints is not None else None)
         if sid is not None:
             self._channel.submit(sid, [event(hints.br if hints is not None else None)])
+        elif not self._warned:
+            self._warned = True
+            warnings.warn(
+                "HintsRunHooks: no session, so no tool events are sent: give session_id=,"
+                " run inside hint_scope(session=...), or use HintedRunner",
+                NoSessionWarning,
+                stacklevel=2,
+            )
+
+
+class HintedRunner:
+    """``agents.Runner`` whose runs tell the server their session and tool waits.
+
+    ``client`` is the openai client the agents' models use (``HintedAsyncOpenAI`` adds
+    per-request hints; a plain client gets the session as request headers). One
+    ``estimator`` learns tool durations across the runs of this runner.
+    """
+
+    def __init__(
+        self, client: OpenAI | AsyncOpenAI, *, estimator: LatencyEstimator | None = None
+    ) -> None:
+        if not isinstance(client, OpenAI | AsyncOpenAI):
+            raise UserError(
+                f"HintedRunner: client must be an openai client, got {type(client).__name__}"
+            )
+        self.client = client
+        self.estimator = estimator if estimator is not None else LatencyEstimator()
+        self._streams: dict[int, tuple[str, bool, HintsRunHooks]] = {}
+
+    async def run(self, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
+        """``agents.Runner.run``, hinted; the session's last word is sent before it returns."""
+        sid, kept, hooks, kwargs = self._prepare(kwargs)
+        try:
+            with hint_scope(session=sid, branch=None):
+                return await Runner.run(starting_agent, input, **kwargs)
+        finally:
+            hooks._channel.submit(sid, [self._last_word(kept)])
+            await hooks.flush()
+
+    def run_sync(self, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
+        """``run`` on the thread's default event loop, the one ``agents.Runner.run_sync``
+        uses (so clients bound to it keep working)."""
+        policy = asyncio.get_event_loop_policy()
+        try:
+            loop = policy.get_event_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or loop.is_closed():
+            loop = policy.new_event_loop()
+            policy.set_event_loop(loop)
+        return loop.run_until_complete(self.run(starting_agent, input, **kwargs))
+
+    def run_streamed(
+        self, starting_agent: Agent[Any], input: Any, **kwargs: Any
+    ) -> RunResultStreaming:
+        """``agents.Runner.run_streamed``, hinted (its background task inherits the scope).
+
+        The session's last word is not sent: await ``finish(stream)`` after the stream.
+        """
+        sid, kept, hooks, kwargs = self._prepare(kwargs)
+        with hint_scope(session=sid, branch=None):
+            stream = Runner.run_streamed(starting_agent, input, **kwargs)
+        self._streams[id(stream)] = (sid, kept, hooks)
+        return stream
+
+    async def finish(self, stream: RunResultStreaming) -> None:
+        """Send a streamed run's last word (``end`` or the wait on the user)."""
+        sid, kept, hooks = self._streams.pop(id(stream))
+        hooks._channel.submit(sid, [self._last_word(kept)])
+        await hooks.flush()
+
+    def _prepare(self, kwargs: dict[str, Any]) -> tuple[str, bool, HintsRunHooks, dict[str, Any]]:
+        """The run's session id, whether the session is kept, and its arguments, hinted."""
+        session, conversation = kwargs.get("session"), kwargs.get("conversation_id")
+        own = conversation or (getattr(session, "session_id", None) if session else None)
+        sid = session_id_for(str(own)) if own else f"run-{uuid.uuid4().hex}"
+        hooks = HintsRunHooks(self.client, session_id=sid, estimator=self.estimator)
+        user_hooks = kwargs.get("hooks")
+        kwargs = {**kwargs, "hooks": hooks if user_hooks is None else _Both(user_hooks, hooks)}
+        if not isinstance(self.client, HintedOpenAI | HintedAsyncOpenAI):
+            kwargs["run_config"] = _with_headers(kwargs.get("run_config"), sid)
+        return sid, own is not None, hooks, kwargs
+
+    def _last_word(self, kept: bool) -> ToolStart | End:
+        if not kept:
+            return End()
+        return user_wait(self.estimator, DEFAULT_USER_WAIT_PRIOR)
+
+
+def _with_headers(run_config: RunConfig | None, sid: str) -> RunConfig:
+    """``run_config`` whose model settings send the session as headers (plain clients)."""
+    config = run_config if run_config is not None else RunConfig()
+    settings = config.model_settings or ModelSettings()
+    headers = {**hint_headers(AgentHints(sid=sid)), **(settings.extra_headers or {})}
+    return dataclasses.replace(
+        config, model_settings=dataclasses.replace(settings, extra_headers=headers)
+    )
+
+
+class _Both(RunHooks[Any]):
+    """The user's hooks, then the hints'."""
+
+    def __init__(self, first: RunHooks[Any], second: RunHooks[Any]) -> None:
+        self._hooks = (first, second)
+
+    async def on_llm_start(self, *args: Any) -> None:
+        for hooks in self._hooks:
+            await hooks.on_llm_start(*args)
+
+    async def on_llm_end(self, *args: Any) -> None:
+        for hooks in self._hooks:
+            await hooks.on_llm_end(*args)
+
+    async def on_agent_start(self, *args: Any) -> None:
+        for hooks in self._hooks:
+            await hooks.on_agent_start(*args)
+
+    async def on_agent_end(self, *args: Any) -> None:
+        for hooks in self._hooks:
+            await hooks.on_agent_end(*args)
+
+    async def on_handoff(self, *args: Any) -> None:
+        for hooks in self._hooks:
+            await hooks.on_handoff(*args)
+
+    async def on_tool_start(self, *args: Any) -> None:
+        for hooks in self._hooks:
+            await hooks.on_tool_start(*args)
+
+    async def on_tool_end(self, *args: Any) -> None:
+        for hooks in self._hooks:
+            await hooks.on_tool_end(*args)
 
 
 def _call_key(context: RunContextWrapper[Any], tool: Tool) -> str:

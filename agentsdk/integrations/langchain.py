@@ -1,0 +1,236 @@
+"""Hints for LangChain and LangGraph (``pip install 'agent-hints[langchain]'``).
+
+One line: ``config={"callbacks": [HintsCallbackHandler(client)], "configurable":
+{"thread_id": ...}}`` on the graph's ``invoke`` / ``ainvoke`` / ``astream``. LangGraph's
+``thread_id`` (LangChain's ``session_id`` / ``conversation_id`` metadata otherwise)
+becomes the hint session; each chat-model call carries it and ``gap`` (the expected
+wait on the tools bound to the model), each tool call is reported as ``tool_start``
+(with an ETA) and ``tool_end``, and the end of a graph run as the wait on the user.
+
+The chat model must use a hinted client: ``ChatOpenAI(model=..., **chat_openai_clients(
+HintedAsyncOpenAI(...)))`` (LangChain replaces a lone ``root_async_client`` with its own
+client, so all four client arguments are given). The handler runs inline
+(``run_inline``): LangChain calls it in the task that makes the model request, so the
+``hint_scope`` it opens in ``on_chat_model_start`` is the request's, and it closes in
+``on_llm_end`` / ``on_llm_error``. Importing this module imports ``langchain_core``;
+``agentsdk`` itself never does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from openai import AsyncOpenAI, OpenAI
+
+from hints_spec import ControlEvent, ToolEnd, ToolStart
+
+from .._client import HintedAsyncOpenAI, HintedOpenAI
+from .._config import DEFAULT_USER_WAIT_PRIOR
+from .._control import ControlChannel
+from .._errors import UserError
+from .._latency import LatencyEstimator, user_wait
+from .._scope import hint_scope, session_id_for
+
+__all__ = ["HintsCallbackHandler", "chat_openai_clients"]
+
+_SESSION_KEYS = ("thread_id", "session_id", "conversation_id")
+
+
+def chat_openai_clients(client: HintedAsyncOpenAI) -> dict[str, Any]:
+    """``ChatOpenAI``'s four client arguments, all hinted: ``client`` and its sync twin."""
+    if not isinstance(client, HintedAsyncOpenAI):
+        raise UserError(
+            f"chat_openai_clients: a HintedAsyncOpenAI expected, got {type(client).__name__}"
+        )
+    twin = HintedOpenAI(
+        api_key=client.api_key,
+        organization=client.organization,
+        project=client.project,
+        base_url=client.base_url,
+        timeout=client.timeout,
+        max_retries=client.max_retries,
+        default_headers=client._custom_headers,
+    )
+    return {
+        "root_async_client": client,
+        "async_client": client.chat.completions,
+        "root_client": twin,
+        "client": twin.chat.completions,
+    }
+
+
+class HintsCallbackHandler(BaseCallbackHandler):
+    """A LangChain callback handler that tells the server a thread's session and tool waits.
+
+    ``client`` posts the control events (the chat model's, or any client of the same
+    server). ``estimator`` learns tool durations across runs.
+    """
+
+    run_inline = True  # the scope it opens must be the model request's (module docstring)
+
+    def __init__(
+        self, client: OpenAI | AsyncOpenAI, *, estimator: LatencyEstimator | None = None
+    ) -> None:
+        if not isinstance(client, OpenAI | AsyncOpenAI):
+            raise UserError(
+                f"HintsCallbackHandler: client must be an openai client, got"
+                f" {type(client).__name__}"
+            )
+        self.estimator = estimator if estimator is not None else LatencyEstimator()
+        self._sync: ControlChannel[OpenAI] | None = None
+        if isinstance(client, OpenAI):
+            self._sync = ControlChannel(client)
+        self._channel: ControlChannel[OpenAI | AsyncOpenAI] = (
+            self._sync if self._sync is not None else ControlChannel(client)
+        )
+        self._sync_posts: ThreadPoolExecutor | None = None  # one worker keeps them in order
+        self._scopes: dict[UUID, hint_scope] = {}
+        self._tools: dict[UUID, tuple[str, str, float]] = {}  # run -> (sid, tool, started)
+        self._roots: dict[UUID, str] = {}  # graph runs -> sid
+        # The loop of an async run: tools that run in worker threads post through it.
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # Chat models: the request's scope.
+
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any],
+        messages: list[list[Any]],
+        *,
+        run_id: UUID,
+        metadata: dict[str, Any] | None = None,
+        invocation_params: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._remember_loop()
+        sid = _session(metadata)
+        if sid is None:
+            return
+        tools = (invocation_params or {}).get("tools") or []
+        names = [_tool_name(t) for t in tools]
+        gap = self.estimator.estimate({name: None for name in names if name})
+        scope = hint_scope(session=sid, branch=None, gap=round(gap, 3) if gap else None)
+        scope.__enter__()
+        self._scopes[run_id] = scope
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._close_scope(run_id)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._close_scope(run_id)
+
+    # Tools: tool_start with an ETA, tool_end.
+
+    def on_tool_start(
+        self,
+        serialized: dict[str, Any],
+        input_str: str,
+        *,
+        run_id: UUID,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        sid = _session(metadata)
+        name = str(serialized.get("name") or kwargs.get("name") or "tool")
+        if sid is None:
+            return
+        self._tools[run_id] = (sid, name, time.monotonic())
+        eta = self.estimator.estimate({name: None})
+        self._send(sid, [ToolStart(tool=name, eta=round(eta or 0.0, 3))])
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._tool_done(run_id)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._tool_done(run_id)
+
+    # Graph runs: the thread now waits on its user.
+
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._remember_loop()
+        sid = _session(metadata)
+        if parent_run_id is None and sid is not None:
+            self._roots[run_id] = sid
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._root_done(run_id)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._root_done(run_id)
+
+    async def flush(self) -> None:
+        """Wait for the events in flight (before closing the client or the loop)."""
+        await self._channel.flush()
+        if self._sync_posts is not None:
+            await asyncio.get_running_loop().run_in_executor(self._sync_posts, lambda: None)
+
+    def _close_scope(self, run_id: UUID) -> None:
+        scope = self._scopes.pop(run_id, None)
+        if scope is not None:
+            # A scope closed in another context than it was opened in ends with that context.
+            with contextlib.suppress(ValueError):
+                scope.__exit__(None, None, None)
+
+    def _tool_done(self, run_id: UUID) -> None:
+        started = self._tools.pop(run_id, None)
+        if started is not None:
+            sid, name, at = started
+            self.estimator.observe(name, time.monotonic() - at)
+            self._send(sid, [ToolEnd(tool=name)])
+
+    def _root_done(self, run_id: UUID) -> None:
+        sid = self._roots.pop(run_id, None)
+        if sid is not None:
+            self._send(sid, [user_wait(self.estimator, DEFAULT_USER_WAIT_PRIOR)])
+
+    def _remember_loop(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
+
+    def _send(self, sid: str, events: Sequence[ControlEvent]) -> None:
+        """Fire and forget: on the run's loop (from a tool's worker thread too), else
+        (sync runs of a sync client) on one worker thread of our own."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._channel.submit, sid, list(events))
+            elif self._sync is not None:
+                if self._sync_posts is None:
+                    self._sync_posts = ThreadPoolExecutor(1, "agent-hints-control")
+                self._sync_posts.submit(self._sync.send_sync, sid, events)
+            return  # else an async client with no loop to post on: the events are dropped
+        self._channel.submit(sid, events)
+
+
+def _session(metadata: Mapping[str, Any] | None) -> str | None:
+    """The run's session: LangGraph's ``thread_id``, else a session or conversation id."""
+    for key in _SESSION_KEYS:
+        value = (metadata or {}).get(key)
+        if value is not None and str(value):
+            return session_id_for(str(value))
+    return None
+
+
+def _tool_name(tool: object) -> str | None:
+    if isinstance(tool, Mapping):
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else tool.get("name")
+        return str(name) if name else None
+    return None

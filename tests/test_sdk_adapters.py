@@ -1,0 +1,200 @@
+"""Each framework, unchanged but for one line, against the real vLLM CPU server with the
+extension: the server sees the framework's own session, the tools' control events, and
+serves turn 2+ from the prefix cache.
+
+Random weights call a tool only when it is forced, so each agent forces its tool on the
+first step and answers on the second; everything else is the framework's own loop. The
+HTTP traffic is real; a recorder on the http client only watches it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import pytest
+
+from agentsdk import HintedAsyncOpenAI
+from hints_spec import CONTROL_PATH, HEADER_NAME, parse_header
+from server_ext import LocalServer
+
+from sdk_calls import INSTRUCTIONS
+
+pytestmark = [pytest.mark.server, pytest.mark.anyio]
+
+LISTING = "calc.py\ntest_calc.py\nREADME.md"
+
+
+@dataclass
+class Traffic:
+    """What went over the wire: each chat request's hints and cached tokens, and each
+    control POST's session, events and outcomes."""
+
+    chats: list[tuple[dict[str, object], int]] = field(default_factory=list)
+    control: list[tuple[str, list[dict[str, Any]], list[str]]] = field(default_factory=list)
+
+    async def _watch(self, response: httpx2.Response) -> None:
+        await response.aread()
+        request = response.request
+        if request.url.path == CONTROL_PATH:
+            body = json.loads(request.content)
+            outcomes = [r["outcome"] for r in response.json()["results"]]
+            self.control.append((body["sid"], body["events"], outcomes))
+        elif request.url.path.endswith("/chat/completions"):
+            hints = parse_header(request.headers[HEADER_NAME]).normalized()
+            details = response.json()["usage"].get("prompt_tokens_details") or {}
+            self.chats.append((hints, details.get("cached_tokens") or 0))
+
+    def client(self, server: LocalServer) -> HintedAsyncOpenAI:
+        http = httpx2.AsyncClient(event_hooks={"response": [self._watch]}, timeout=120)
+        return HintedAsyncOpenAI(
+            base_url=server.base_url, api_key="unused", max_retries=0, http_client=http
+        )
+
+    def events(self) -> list[dict[str, Any]]:
+        return [event for _, events, _ in self.control for event in events]
+
+
+def _assert_seen(
+    traffic: Traffic, server: LocalServer, before: dict[str, float], sid: str, tool: str
+) -> None:
+    after = server.metrics()
+    hinted = after["agent_hints_requests_total"] - before.get("agent_hints_requests_total", 0)
+    assert hinted == len(traffic.chats) >= 2  # every model call carried hints
+    assert {hints["sid"] for hints, _ in traffic.chats} == {sid}  # the framework's session
+    assert all(cached > 0 for _, cached in traffic.chats[1:])  # turn 2+: the prefix cache
+    events = traffic.events()
+    assert {"type": "tool_end", "tool": tool} in events
+    assert any(e["type"] == "tool_start" and e["tool"] == tool and "eta" in e for e in events)
+    assert {s for s, _, _ in traffic.control} == {sid}
+    assert all(o == "accepted" for _, _, outcomes in traffic.control for o in outcomes)
+    accepted = after.get("agent_hints_control_events_total", 0) - before.get(
+        "agent_hints_control_events_total", 0
+    )
+    assert accepted >= len(events)
+
+
+async def test_openai_agents_with_its_own_session(vllm_server: LocalServer) -> None:
+    agents = pytest.importorskip("agents")
+    from agentsdk.integrations.openai_agents import HintedRunner
+
+    agents.set_tracing_disabled(True)
+    traffic = Traffic()
+    client = traffic.client(vllm_server)
+
+    @agents.function_tool
+    def list_dir() -> str:
+        """List the project files."""
+        return LISTING
+
+    agent = agents.Agent(
+        name="coder",
+        instructions=INSTRUCTIONS,
+        model=agents.OpenAIChatCompletionsModel(model=vllm_server.model, openai_client=client),
+        tools=[list_dir],
+        # Forced once; the SDK resets tool_choice after a tool call, so step 2 answers.
+        model_settings=agents.ModelSettings(tool_choice="list_dir", max_tokens=64),
+    )
+    Runner = HintedRunner(client)  # the one line
+    before = vllm_server.metrics()
+    session = agents.SQLiteSession("conv-9")
+    result = await Runner.run(agent, "What is in the project?", session=session)
+    await client.close()
+    assert result.final_output is not None
+    _assert_seen(traffic, vllm_server, before, "conv-9", "list_dir")
+    assert traffic.events()[-1]["tool"] == "user"  # the session is kept: waiting on its user
+
+
+async def test_pydantic_ai_with_its_conversation_id(vllm_server: LocalServer) -> None:
+    pydantic_ai = pytest.importorskip("pydantic_ai")
+    from pydantic_ai.capabilities import AbstractCapability
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from agentsdk.integrations.pydantic_ai import AgentHintsCapability
+
+    named = {"tool_choice": {"type": "function", "function": {"name": "list_dir"}}}
+
+    class ForceFirstStep(AbstractCapability[Any]):
+        """The tool on step 1 (named: pydantic-ai sends a one-tool list as "required",
+        which random weights never close), an answer after."""
+
+        def get_model_settings(self) -> Any:
+            return lambda ctx: (
+                {"extra_body": named} if ctx.run_step <= 1 else {"tool_choice": "none"}
+            )
+
+    traffic = Traffic()
+    client = traffic.client(vllm_server)
+    agent = pydantic_ai.Agent(
+        OpenAIChatModel(vllm_server.model, provider=OpenAIProvider(openai_client=client)),
+        instructions=INSTRUCTIONS,
+        model_settings={"max_tokens": 64},
+        capabilities=[ForceFirstStep(), AgentHintsCapability(client)],  # the one line: ours
+    )
+
+    @agent.tool_plain(strict=True)
+    def list_dir() -> str:
+        """List the project files."""
+        return LISTING
+
+    before = vllm_server.metrics()
+    result = await agent.run("What is in the project?", conversation_id="ticket-123")
+    await client.close()
+    assert result.output is not None
+    _assert_seen(traffic, vllm_server, before, "ticket-123", "list_dir")
+    first_gap = traffic.chats[0][0]["gap"]
+    assert isinstance(first_gap, float) and first_gap > 0  # the expected wait on list_dir
+
+
+async def test_langgraph_with_its_thread_id(vllm_server: LocalServer) -> None:
+    pytest.importorskip("langgraph")
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.tools import tool as lc_tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+
+    from agentsdk.integrations.langchain import HintsCallbackHandler, chat_openai_clients
+
+    @lc_tool
+    def list_dir() -> str:
+        """List the project files."""
+        return LISTING
+
+    traffic = Traffic()
+    client = traffic.client(vllm_server)
+    llm = ChatOpenAI(model=vllm_server.model, max_tokens=64, **chat_openai_clients(client))
+
+    # Annotations LangGraph reads at run time (this module's annotations are strings).
+    async def agent(state: Any) -> dict[str, list[Any]]:
+        answered = any(isinstance(m, ToolMessage) for m in state["messages"])
+        choice = "none" if answered else "list_dir"
+        bound = llm.bind_tools([list_dir], tool_choice=choice, strict=True)
+        return {"messages": [await bound.ainvoke(state["messages"])]}
+
+    def route(state: Any) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([list_dir]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", route, ["tools", END])
+    builder.add_edge("tools", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+
+    handler = HintsCallbackHandler(client)  # the one line: callbacks=[handler]
+    config: Any = {"configurable": {"thread_id": "thread-7"}, "callbacks": [handler]}
+    before = vllm_server.metrics()
+    messages = [("system", INSTRUCTIONS), ("user", "What is in the project?")]
+    state = await graph.ainvoke({"messages": messages}, config)
+    await handler.flush()
+    await client.close()
+    assert isinstance(state["messages"][-1], AIMessage)
+    _assert_seen(traffic, vllm_server, before, "thread-7", "list_dir")
+    assert traffic.events()[-1]["tool"] == "user"  # the thread now waits on its user
