@@ -4,6 +4,8 @@ The children start from the lead's prompt (same system prompt, tools and history
 their first requests hit the prefix the server already holds for the lead: watch the
 cached tokens of each child's first call. The lead sends one ``fork`` control event
 naming the three child branches, and each child's requests carry ``pbr`` (its parent).
+The children cannot call ``investigate`` themselves, and the run stops after
+``RunConfig.max_model_calls`` (50) whatever the model does.
 
     python examples/fan_out.py --base-url http://127.0.0.1:8000/v1 --model tiny
 """
@@ -20,12 +22,14 @@ from agentsdk import (
     LLMEndEvent,
     ModelSettings,
     RunContext,
+    RunLimitExceeded,
     Runner,
+    RunResult,
     Usage,
     tool,
 )
 
-SETTINGS = ModelSettings(max_tokens=32)
+SETTINGS = ModelSettings(max_tokens=32, tool_choice="none")  # the children just answer
 
 REVIEWER = Agent(
     name="reviewer", instructions="Review the change for bugs.", model_settings=SETTINGS
@@ -57,23 +61,26 @@ async def main(base_url: str, model: str) -> None:
         # Force the fan-out, then an answer (random weights would not choose either).
         model_settings=ModelSettings(tool_choice=["investigate", "none"], max_tokens=128),
     )
-    client = HintedAsyncOpenAI(base_url=base_url, api_key="unused")
+    client = HintedAsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
     first_call: dict[str, Usage] = {}
-    async with Runner.run_streamed(lead, "Review the change.", client=client) as stream:
-        async for event in stream:
-            if isinstance(event, LLMEndEvent):
-                branch = event.context.branch
-                first_call.setdefault(branch, Usage.from_completion(event.response.usage))
-    result = stream.result
+    result: RunResult | None = None
+    try:
+        async with Runner.run_streamed(lead, "Review the change.", client=client) as stream:
+            async for event in stream:
+                if isinstance(event, LLMEndEvent):
+                    branch = event.context.branch
+                    first_call.setdefault(branch, Usage.from_completion(event.response.usage))
+        result = stream.result
+    except RunLimitExceeded as stopped:  # a model that only ever asks for tools ends here
+        print(f"stopped: {stopped}")
     for branch, usage in first_call.items():
         print(
             f"{branch:>18}: first call {usage.input_tokens} input tokens, "
             f"{usage.cached_tokens} cached"
         )
-    print(f"lead: {result.final_output[:120]!r}")
-    print(
-        f"run total: {result.usage.requests} requests, {result.usage.cached_tokens} cached tokens"
-    )
+    if result is not None:
+        print(f"lead: {result.final_output[:120]!r}")
+        print(f"run total: {result.usage.requests} requests, {result.usage.cached_tokens} cached")
     await client.close()
 
 

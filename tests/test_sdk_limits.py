@@ -3,7 +3,14 @@ inherit the tool that forked them."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import threading
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +32,8 @@ from agentsdk import (
 from hints_spec import End, Fork
 
 pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[1]
 
 HELPERS = [Agent(name=name, instructions=f"Be the {name}.") for name in ("a", "b", "c")]
 
@@ -122,3 +131,68 @@ async def test_a_child_that_runs_out_of_turns_is_news_for_its_parent() -> None:
     [output] = [i for i in result.new_items if isinstance(i, ToolCallOutputItem)]
     assert output.is_error and "MaxTurnsExceeded" in output.output
     assert result.final_output == "ok"
+
+
+class _AlwaysFork(BaseHTTPRequestHandler):
+    """An OpenAI-compatible stub whose model asks for ``investigate`` on every call."""
+
+    chats = 0
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        if self.path.endswith("/chat/completions"):
+            type(self).chats += 1
+            reply: dict[str, Any] = {
+                "id": f"c{self.chats}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "tool_calls",
+                        "message": {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": f"call{self.chats}",
+                                    "type": "function",
+                                    "function": {"name": "investigate", "arguments": "{}"},
+                                }
+                            ],
+                        },
+                    }
+                ],
+            }
+        else:  # control events
+            reply = {"v": 1, "results": [{"index": 0, "outcome": "accepted"}]}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_fan_out_example_finishes_against_a_model_that_always_forks() -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _AlwaysFork)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base_url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "fan_out.py"), "--base-url", base_url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "stopped: the run made its 50 model calls" in done.stdout
+    assert _AlwaysFork.chats == DEFAULT_MAX_MODEL_CALLS
