@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -61,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest and not all(a.startswith("-") or i > 0 for i, a in enumerate(rest)):
         parser.error(f"unexpected arguments before vLLM flags: {rest}")
 
-    from ._launcher import vllm_command
+    from ._launcher import extension_env, vllm_command
 
     knobs = (
         "max_held_fraction",
@@ -80,10 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, flag):
             extra[flag] = True
     command = vllm_command(args.model, rest, extra_config=extra)
+    env = extension_env(rest)
     if args.print_command:
-        print(" ".join(command))
+        print(shlex.join([*(f"{k}={v}" for k, v in env.items()), *command]))
         return 0
-    os.execv(command[0], command)
+    os.execve(command[0], command, {**os.environ, **env})
     return 1  # pragma: no cover - execv does not return
 
 

@@ -26,7 +26,7 @@ from typing import IO
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ._launcher import vllm_command
+from ._launcher import extension_env, vllm_command
 
 __all__ = ["LocalServer", "ServerStartError", "free_port", "local_server", "stop_process"]
 
@@ -137,7 +137,7 @@ def local_server(
         command,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
+        env={**(extension_env(vllm_args) if extension else {}), **os.environ, **(env or {})},
         start_new_session=True,
     )
     server = LocalServer("127.0.0.1", port, served_model_name, log_path)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ from vllm.v1.request import RequestStatus
 
 from ._config import CONNECTOR_NAME, ExtensionConfig
 from ._engine import CONTROL_KEY, EngineRetention, control_params, read_hint_params
+from ._launcher import RESERVED_CPU_ENV
 from .policy import RetentionPolicy
 from .tier import (
     BlockCodec,
@@ -309,6 +311,21 @@ def _check_kv_role(tier: TierConfig | None, transfer: KVTransferConfig) -> None:
         )
 
 
+def _check_cpu_reservation() -> None:
+    """Warn when vLLM's CPU build kept a core back for this connector (see
+    ``server_ext._launcher.RESERVED_CPU_ENV``): a launch by hand without it
+    computes on one core fewer than plain vLLM."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and RESERVED_CPU_ENV not in os.environ:
+        logger.warning(
+            "agent-hints: vLLM reserved a CPU core for this KV connector, which needs "
+            "none; set %s to the number of local ranks (as `python -m server_ext serve` "
+            "does) to compute on the cores plain vLLM uses",
+            RESERVED_CPU_ENV,
+        )
+
+
 def _shared_store_probe(config: TierConfig) -> GuardedTier:
     """A query-only Mooncake client for the scheduler: which blocks other
     engines stored. It contributes no memory; the scheduler waits on it, so a
@@ -364,6 +381,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         if self._tier_config is not None and role == KVConnectorRole.SCHEDULER:
             self._planner = self._make_planner(vllm_config, kv_cache_config)
+        if role == KVConnectorRole.SCHEDULER:
+            _check_cpu_reservation()
 
     @property
     def requires_kv_delivery(self) -> bool:

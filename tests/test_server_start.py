@@ -3,11 +3,15 @@ server's "Engine core initialization failed"."""
 
 from __future__ import annotations
 
+import platform
+import re
 from pathlib import Path
 
 import pytest
 
-from server_ext import ServerStartError, local_server
+from server_ext import LocalServer, ServerStartError, local_server
+from server_ext.__main__ import main as serve_main
+from server_ext._launcher import RESERVED_CPU_ENV, extension_env
 from server_ext._local import _root_cause
 
 pytestmark = pytest.mark.server
@@ -35,3 +39,38 @@ def test_root_cause_is_the_first_exception_line() -> None:
     )
     assert _root_cause(log) == "ValueError: no room"
     assert _root_cause("INFO all fine\n") is None
+
+
+def _omp_binding(log: Path) -> list[str]:
+    """The CPU cores vLLM gave its compute threads and kept back, as it logs them."""
+    return re.findall(r"(?:core ids|reserved_cpus)=\[[^\]]*\]", log.read_text(errors="replace"))
+
+
+def test_the_extension_leaves_vllm_the_cpu_cores_plain_vllm_has(
+    vllm_server: LocalServer, plain_vllm_server: LocalServer
+) -> None:
+    # vLLM keeps one more core back when any KV connector is configured; this
+    # one runs no thread of its own, so its launches pin the reservation.
+    assert _omp_binding(vllm_server.log_path) == _omp_binding(plain_vllm_server.log_path) != []
+
+
+def test_the_reservation_follows_the_ranks_and_yields_to_the_operator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(RESERVED_CPU_ENV, raising=False)
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert extension_env([]) == {RESERVED_CPU_ENV: "1"}
+    assert extension_env(["--tensor-parallel-size", "2", "-pp", "2"]) == {RESERVED_CPU_ENV: "4"}
+    assert extension_env(["--tensor-parallel-size=2"]) == {RESERVED_CPU_ENV: "2"}
+    monkeypatch.setattr(platform, "machine", lambda: "ppc64le")
+    assert extension_env(["-tp", "4"]) == {RESERVED_CPU_ENV: "1"}
+    monkeypatch.setenv(RESERVED_CPU_ENV, "3")
+    assert extension_env(["-tp", "4"]) == {}
+
+
+def test_serve_execs_vllm_with_the_reservation(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv(RESERVED_CPU_ENV, raising=False)
+    assert serve_main(["serve", "m", "--print-command"]) == 0
+    assert capsys.readouterr().out.startswith(f"{RESERVED_CPU_ENV}=")
