@@ -31,6 +31,7 @@ from hints_spec import (
 )
 
 from ._client import has_header
+from ._errors import UserError
 
 __all__ = ["CONTROL_TIMEOUT", "ControlChannel"]
 
@@ -71,6 +72,13 @@ class ControlChannel(Generic[_ClientT]):
     """
 
     def __init__(self, client: _ClientT, *, timeout: float = CONTROL_TIMEOUT) -> None:
+        if not isinstance(client, OpenAI | AsyncOpenAI):
+            raise UserError(
+                f"ControlChannel: client must be an openai.OpenAI or openai.AsyncOpenAI,"
+                f" got {type(client).__name__}"
+            )
+        if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0):
+            raise UserError(f"ControlChannel: timeout must be seconds > 0, got {timeout!r}")
         self._client: _ClientT = client
         self._url = _control_url(client)
         self._options: RequestOptions = {"timeout": timeout, "max_retries": 0}

@@ -21,6 +21,7 @@ from openai.types.chat import ChatCompletion
 
 from hints_spec import ROOT_BRANCH, AgentHints, ControlEvent, End, Fork, ToolEnd, ToolStart
 
+from ._errors import UserError
 from ._items import Message
 from ._scope import current_hints
 
@@ -89,6 +90,11 @@ class ScriptedModel:
     """
 
     def __init__(self, script: Sequence[Reply] | Callable[[ModelRequest], Reply]) -> None:
+        if not (callable(script) or isinstance(script, list | tuple)):
+            raise UserError(
+                "ScriptedModel: a list of replies or a function of the request expected,"
+                f" got {type(script).__name__}"
+            )
         self.requests: list[ModelRequest] = []
         self.control_events: list[ControlRecord] = []
         self.chat = _Chat(self)

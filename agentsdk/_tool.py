@@ -74,6 +74,15 @@ class Tool:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ToolDefinitionError(f"tool name {self.name!r} must match {_NAME.pattern}")
+        if not (isinstance(self.args_model, type) and issubclass(self.args_model, BaseModel)):
+            raise ToolDefinitionError(
+                f"tool {self.name!r}: args_model must be a pydantic model class,"
+                f" got {self.args_model!r:.60}"
+            )
+        if not callable(self.function) or not isinstance(self.description, str):
+            raise ToolDefinitionError(
+                f"tool {self.name!r}: function must be an async callable and description a str"
+            )
         if self.name == USER_TOOL:  # its latencies and tool_start events would be the user's
             raise ToolDefinitionError(
                 f"tool name {USER_TOOL!r} is reserved for the human wait (SPEC §6.3): "

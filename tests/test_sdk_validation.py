@@ -13,6 +13,7 @@ import pytest
 from agentsdk import (
     Agent,
     AgentsError,
+    ControlChannel,
     HintArgumentError,
     InMemorySession,
     LatencyEstimator,
@@ -24,6 +25,7 @@ from agentsdk import (
     ScriptedCall,
     ScriptedModel,
     SQLiteSession,
+    Tool,
     ToolDefinitionError,
     Usage,
     UserError,
@@ -154,6 +156,15 @@ BAD_INPUTS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("ModelSettings(tool_choice=5)", call(ModelSettings, tool_choice=5), UserError, "tool name"),
     ("LatencyEstimator(quantile=2)", call(LatencyEstimator, quantile=2), UserError, "quantile"),
     ("hint_scope(session='bad id')", call(hint_scope, session="bad id"), HintArgumentError, "128"),
+    ("hint_scope(gap='soon')", call(hint_scope, gap="soon"), HintArgumentError, "gap"),
+    ("ControlChannel('url')", call(ControlChannel, "http://x"), UserError, "openai.OpenAI"),
+    ("ScriptedModel(5)", call(ScriptedModel, 5), UserError, "a list of replies"),
+    (
+        "Tool(args_model=dict)",
+        call(Tool, name="t", description="", parameters={}, args_model=dict, function=print),
+        ToolDefinitionError,
+        "args_model must be a pydantic model class",
+    ),
 ]
 
 
