@@ -17,10 +17,11 @@ Each tool call sleeps for its recorded duration divided by ``--time-scale``
 (capped at ``--max-think``) and returns a result of the recorded size; each 64
 prompt tokens become ``--scale-k`` token ids (4: 1/16 scale); outputs are
 forced to their recorded length at the same scale, at most ``--max-out``.
-Sessions: the first ``--sessions`` by file name with a tool call whose every
-prompt fits ``--max-model-len`` minus ``--max-out``. ``--kv-blocks`` defaults
-to a third of their live working set (each session's largest prompt, for the
-sessions in flight at once).
+Sessions: the first ``--sessions`` transcripts by path with a tool call whose
+every prompt fits ``--max-model-len`` minus ``--max-out``; the servers get the
+context the longest of them needs. ``--kv-blocks`` defaults to a third of their
+live working set (each session's largest prompt, for the sessions in flight at
+once).
 
 Prints a progress bar, the comparison table, the calibration table (per kind
 of wait: how often the SDK's ETA and the server's prediction were within 2x)
@@ -106,7 +107,12 @@ def _parser() -> argparse.ArgumentParser:
         "--kv-blocks", type=int, help="device KV blocks (default: a third of the working set)"
     )
     p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=8192,
+        help="longest context a session may need (the servers get just what the longest needs)",
+    )
     p.add_argument(
         "--configs",
         default=DEFAULT_CONFIGS,
@@ -177,20 +183,32 @@ def _session_info(
     return info, index.blocks
 
 
+def _max_model_len(info: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> int:
+    """The servers' context: the longest prompt plus ``--max-out``, in whole blocks, at
+    most ``--max-model-len``. No longer, since vLLM's KV must hold one full-length
+    request: a longer context would set a floor on ``--kv-blocks``."""
+    longest: int = max(i["largest_prompt"] for i in info) + args.max_out
+    size: int = args.block_size
+    return min(int(args.max_model_len), math.ceil(longest / size) * size)
+
+
 def _kv_plan(
-    info: Sequence[Mapping[str, Any]], distinct_blocks: int, args: argparse.Namespace
+    info: Sequence[Mapping[str, Any]],
+    distinct_blocks: int,
+    max_model_len: int,
+    args: argparse.Namespace,
 ) -> tuple[int, int, int]:
     """(live working set, device, unlimited) KV blocks.
 
     The live working set is what keeping the largest prompt of every session in
     flight at once takes; the device default is a third of it (at least one
-    full-length request); the unlimited run has room for every distinct prompt
-    block, a decode block per request and a full-length request per session."""
+    full-length request and vLLM's null block); the unlimited run has room for
+    every distinct prompt block, a decode block per request and a full-length
+    request per session."""
     size = args.block_size
     peaks = sorted((math.ceil(i["largest_prompt"] / size) for i in info), reverse=True)
     working_set = sum(peaks[: args.concurrency or len(peaks)])
-    per_request = math.ceil(args.max_model_len / size)
-    # vLLM needs room for one full-length request, plus its null block.
+    per_request = math.ceil(max_model_len / size)
     device = args.kv_blocks or max(math.ceil(working_set / 3), per_request + 1)
     requests = sum(i["requests"] for i in info)
     unlimited = max(device, distinct_blocks + requests + len(info) * per_request)
@@ -295,7 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "at this --scale-k"
         )
     info, distinct = _session_info(sessions, args.scale_k, args.block_size)
-    working_set, kv_blocks, unlimited_blocks = _kv_plan(info, distinct, args)
+    max_model_len = _max_model_len(info, args)
+    working_set, kv_blocks, unlimited_blocks = _kv_plan(info, distinct, max_model_len, args)
     for i in info:
         print(
             f"{i['id']}: {i['requests']} requests, {i['tool_calls']} tool calls, "
@@ -303,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(
         f"live working set {working_set} blocks: device KV {kv_blocks} blocks "
-        f"({kv_blocks / working_set:.0%}), unlimited {unlimited_blocks}"
+        f"({kv_blocks / working_set:.0%}), unlimited {unlimited_blocks}; "
+        f"context {max_model_len} tokens"
     )
     header: dict[str, Any] = {
         "benchmark": "agent_replay",
@@ -314,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "working_set_blocks": working_set,
         "kv_blocks": kv_blocks,
         "unlimited_kv_blocks": unlimited_blocks,
+        "max_model_len": max_model_len,
     }
     total = sum(i["requests"] for i in info)
     runs: list[ConfigRun] = []
@@ -325,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             kv_blocks=kv_blocks,
             unlimited_blocks=unlimited_blocks,
             block_size=args.block_size,
-            max_model_len=args.max_model_len,
+            max_model_len=max_model_len,
             extra_config=extension_config,
             tier_bytes=args.tier_bytes,
             server_args=tuple(shlex.split(args.server_args)),
