@@ -72,8 +72,9 @@ def _with_hints(
     scope = active_scope()
     if options.url.startswith(("ws://", "wss://")):
         return options
-    if scope is None:
+    if scope is None or scope.hints.sid is None:
         _warn_once(options, client)
+    if scope is None:
         return options
     client_headers = client._custom_headers
     headers = options.headers if isinstance(options.headers, Mapping) else {}

@@ -183,7 +183,7 @@ def test_scope_adds_header_and_cache_key_to_chat(stub: Stub) -> None:
 
 
 def test_no_session_header_without_a_session(stub: Stub) -> None:
-    with hint_scope(gap=2.0):
+    with hint_scope(gap=2.0), pytest.warns(NoSessionWarning):
         _chat(_sync(stub))
     (sent,) = stub.requests
     assert sent.one(HEADER_NAME) == serialize_header(AgentHints(gap=2.0))
