@@ -8,7 +8,7 @@ Figures are drawn on the Agg canvas directly, without pyplot's global state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from hints_spec import USER_TOOL
 
 from ._report import ConfigRun, returns
 
-__all__ = ["write_calibration_plot", "write_plots"]
+__all__ = ["write_calibration_plot", "write_plots", "write_ratio_plot"]
 
 _FLOOR_S = 1e-3
 """Waits and ETAs below this are drawn at it: a log axis has no 0."""
@@ -136,5 +136,47 @@ def write_calibration_plot(run: ConfigRun, out_dir: Path, stem: str) -> Path:
     ax.grid(True, alpha=0.3)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{stem}-calibration.png"
+    fig.savefig(path, dpi=120)
+    return path
+
+
+_RATIO_SERIES = (
+    ("ttft_mean_s", "TTFT mean"),
+    ("ttft_p90_s", "TTFT p90"),
+    ("reuse_of_theoretical", "reuse"),
+)
+
+
+def write_ratio_plot(
+    rows: Sequence[tuple[str, Mapping[str, Mapping[str, float] | None]]],
+    path: Path,
+    bound: float,
+) -> Path:
+    """Write the suite's ratios against plain: one row per family and
+    condition (``rows``: label, ratio key -> median/low/high), a marker at the
+    median and a bar over the range of the repeats, the 1.0 and ``bound`` lines."""
+    fig = Figure(figsize=(8.0, 1.0 + 0.45 * max(len(rows), 1)), layout="tight")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for offset, (key, name) in zip((-0.2, 0.0, 0.2), _RATIO_SERIES, strict=True):
+        ys, medians, lows, highs = [], [], [], []
+        for i, (_, cells) in enumerate(rows):
+            cell = cells.get(key)
+            if cell is not None:
+                ys.append(i + offset)
+                medians.append(cell["median"])
+                lows.append(cell["median"] - cell["low"])
+                highs.append(cell["high"] - cell["median"])
+        if ys:
+            ax.errorbar(medians, ys, xerr=[lows, highs], fmt="o", capsize=3, label=name)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.axvline(bound, color="red", linewidth=0.8, linestyle="--", label=f"{bound}x")
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("extension / plain vLLM (median and range over the repeats)")
+    ax.set_title("The extension with its defaults against plain vLLM, per workload")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path

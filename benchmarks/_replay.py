@@ -11,6 +11,8 @@ says ``end``. A response that ends the agent's turn (the trace's ``stop`` is
 ``tool_start`` event for the tool ``user`` whose ``eta`` is the session's median
 wait on its user so far: the header's ``gap`` is for responses that end in tool
 calls, and a human reply takes one to two orders of magnitude longer.
+``ReplaySettings.control`` picks the client's style: header hints only, those
+user waits (the default), or the SDK's own events around every tool call.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx2
 
@@ -30,6 +33,7 @@ from hints_spec import (
     HEADER_NAME,
     USER_TOOL,
     AgentHints,
+    ToolEnd,
     ToolStart,
     serialize_header,
 )
@@ -37,12 +41,23 @@ from hints_spec import (
 from ._traces import ROOT, Fork, PrefixIndex, TokenMapper, Trace, TraceRequest
 
 __all__ = [
+    "TRACE_TOOL",
+    "ControlStyle",
     "PastGaps",
     "ReplaySettings",
     "RequestRecord",
     "hint_header",
     "replay",
 ]
+
+ControlStyle = Literal["none", "turns", "tools"]
+"""How a hinted replay client uses the control endpoint: ``none`` (header hints
+only), ``turns`` (a ``tool_start`` for the user when a turn ends), ``tools``
+(that, and ``tool_start`` / ``tool_end`` around every tool wait, as the SDK's
+agent loop posts them)."""
+
+TRACE_TOOL = "tool"
+"""The tool the ``tools`` style names: the anonymized traces carry no tool names."""
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
@@ -68,6 +83,9 @@ class ReplaySettings:
             trace's true next wait (the future) instead of an estimate from
             the past, so a run shows what the server makes of perfect
             predictions.
+        control: The hinted client's use of the control endpoint.
+        unhinted: Traces whose sessions send no hints even when ``hints`` is
+            on (mixed traffic).
     """
 
     base_url: str
@@ -82,6 +100,8 @@ class ReplaySettings:
     concurrency: int | None = None
     tenant_per_trace: bool = False
     oracle_gaps: bool = False
+    control: ControlStyle = "turns"
+    unhinted: frozenset[str] = field(default_factory=frozenset)
     request_timeout_s: float = 900.0
 
     def wait_s(self, think_time: float) -> float:
@@ -179,6 +199,8 @@ class _Session:
         self.mapper = TokenMapper(trace.trace_id, settings.k, settings.vocab_size)
         self.gaps = PastGaps(settings.prior_gap_s)
         self.user_waits = PastGaps(settings.prior_user_wait_s)
+        self.hinted = settings.hints and trace.trace_id not in settings.unhinted
+        self.control = settings.control if self.hinted else "none"
 
     async def run(self) -> None:
         await self._branch(ROOT, None, self.trace.steps)
@@ -203,6 +225,8 @@ class _Session:
             forked_s = 0.0
             if returned is not None:
                 waited_on.observe(self.clock() - returned)
+                if waited_on is self.gaps and self.control == "tools":
+                    await self._post_event(ToolEnd(br=br))
             oracle = waits_after[i] if waits_after is not None else None
             gap = self.gaps.estimate() if oracle is None else oracle
             # A sub-agent's end is known (the SDK ends its branch when it is
@@ -213,10 +237,11 @@ class _Session:
             waited_on = self.gaps
             if step.ends_turn and not end:
                 waited_on = self.user_waits
-                if self.settings.hints:
-                    await self._await_user(
-                        br, self.user_waits.estimate() if oracle is None else oracle
-                    )
+                if self.control != "none":
+                    eta = self.user_waits.estimate() if oracle is None else oracle
+                    await self._post_event(ToolStart(br=br, tool=USER_TOOL, eta=round(eta, 3)))
+            elif not end and self.control == "tools":
+                await self._post_event(ToolStart(br=br, tool=TRACE_TOOL, eta=round(gap, 3)))
             seq += 1
 
     def _waits_after(self, steps: Sequence[TraceRequest | Fork]) -> list[float | None]:
@@ -232,9 +257,8 @@ class _Session:
             )
         return waits
 
-    async def _await_user(self, br: str, eta_s: float) -> None:
-        """Tell the server the branch now waits on its user (best effort)."""
-        event = ToolStart(br=br, tool=USER_TOOL, eta=round(eta_s, 3))
+    async def _post_event(self, event: ToolStart | ToolEnd) -> None:
+        """Send one control event of this session (best effort)."""
         body = {"sid": self.trace.trace_id, "events": [event.model_dump(exclude_none=True)]}
         with contextlib.suppress(httpx2.HTTPError):  # a lost hint costs only its benefit
             await self.client.post(
@@ -262,7 +286,7 @@ class _Session:
             ends_turn=request.ends_turn,
         )
         headers = self._auth()
-        if s.hints:
+        if self.hinted:
             record.hint = hint_header(self.trace.trace_id, br, pbr, gap_s, end)
             headers[HEADER_NAME] = record.hint
         self.records.append(record)

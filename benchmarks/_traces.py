@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,9 @@ __all__ = [
     "run_requests",
     "select_traces",
     "theoretical_cached",
+    "trace_info",
     "truncate",
+    "unlimited_blocks",
 ]
 
 ROOT = "root"
@@ -340,3 +343,44 @@ def theoretical_cached(prompts: Iterable[Sequence[int]], block_size: int) -> lis
     """``PrefixIndex.add`` of each prompt, in issue order."""
     index = PrefixIndex(block_size)
     return [index.add(p) for p in prompts]
+
+
+def trace_info(
+    traces: Sequence[Trace], k: int, block_size: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Per-trace facts (id, requests, branches, prompt and theoretical cached
+    tokens at ``k`` ids per hash id), and the distinct prompt blocks of them all."""
+    index = PrefixIndex(block_size)
+    info = []
+    for trace in traces:
+        mapper = TokenMapper(trace.trace_id, k)
+        prompt = cached = 0
+        for _, request in trace.ordered():
+            tokens = mapper.prompt(request.hash_ids)
+            prompt += len(tokens)
+            cached += index.add(tokens)
+        info.append(
+            {
+                "id": trace.trace_id,
+                "requests": trace.num_requests,
+                "branches": sum(1 for _ in trace.branches()),
+                "prompt_tokens": prompt,
+                "theoretical_cached_tokens": cached,
+            }
+        )
+    return info, index.blocks
+
+
+def unlimited_blocks(
+    info: Sequence[Mapping[str, Any]],
+    distinct_blocks: int,
+    kv_blocks: int,
+    max_model_len: int,
+    block_size: int,
+) -> int:
+    """KV blocks with which nothing is ever evicted: every distinct prompt block,
+    one decode block per request, and room for one full-length running request
+    per session (at least ``kv_blocks``)."""
+    per_request = math.ceil(max_model_len / block_size)
+    requests = sum(int(i["requests"]) for i in info)
+    return max(kv_blocks, distinct_blocks + requests + len(info) * per_request)

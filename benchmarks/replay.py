@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import shlex
 import sys
 import tempfile
@@ -49,7 +48,7 @@ from ._replay import ReplaySettings, RequestRecord, replay
 from ._report import ConfigRun, format_table, summarize, write_json
 from ._run import OnDone, machine, run_config, runnable
 from ._server import CONFIGS, Config, ServerPlan, sigterm_as_exit
-from ._traces import PrefixIndex, TokenMapper, Trace, default_traces_dir, select_traces
+from ._traces import Trace, default_traces_dir, select_traces, trace_info, unlimited_blocks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _ORACLE_NOTE = "hints: ORACLE (the trace's true next waits): a diagnostic, not a result"
@@ -118,31 +117,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _trace_info(
-    traces: Sequence[Trace], k: int, block_size: int
-) -> tuple[list[dict[str, Any]], int]:
-    """Per-trace facts, and the distinct prompt blocks of the whole run."""
-    index = PrefixIndex(block_size)
-    info = []
-    for trace in traces:
-        mapper = TokenMapper(trace.trace_id, k)
-        prompt = cached = 0
-        for _, request in trace.ordered():
-            tokens = mapper.prompt(request.hash_ids)
-            prompt += len(tokens)
-            cached += index.add(tokens)
-        info.append(
-            {
-                "id": trace.trace_id,
-                "requests": trace.num_requests,
-                "branches": sum(1 for _ in trace.branches()),
-                "prompt_tokens": prompt,
-                "theoretical_cached_tokens": cached,
-            }
-        )
-    return info, index.blocks
-
-
 def _run_config(
     config: Config,
     plan: ServerPlan,
@@ -200,13 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not traces:
         sys.exit("error: no trace fits --max-model-len at this --scale-k")
-    info, distinct_blocks = _trace_info(traces, args.scale_k, args.block_size)
-    # Every distinct prompt block, one decode block per request, and room for
-    # one full-length running request per session: nothing is ever evicted.
-    per_request = math.ceil(args.max_model_len / args.block_size)
-    unlimited_blocks = max(
-        args.kv_blocks,
-        distinct_blocks + sum(i["requests"] for i in info) + len(traces) * per_request,
+    info, distinct_blocks = trace_info(traces, args.scale_k, args.block_size)
+    unlimited = unlimited_blocks(
+        info, distinct_blocks, args.kv_blocks, args.max_model_len, args.block_size
     )
     if args.oracle_gaps:
         print(_ORACLE_NOTE)
@@ -222,14 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "machine": machine(),
         "traces": info,
-        "unlimited_kv_blocks": unlimited_blocks,
+        "unlimited_kv_blocks": unlimited,
     }
     with sigterm_as_exit(), tempfile.TemporaryDirectory(prefix="replay-model-") as tmp:
         model = args.model or str(make_test_model(tmp))
         plan = ServerPlan(
             model=model,
             kv_blocks=args.kv_blocks,
-            unlimited_blocks=unlimited_blocks,
+            unlimited_blocks=unlimited,
             block_size=args.block_size,
             max_model_len=args.max_model_len,
             extra_config=extension_config,

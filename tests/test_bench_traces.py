@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from benchmarks._replay import PastGaps, ReplaySettings, RequestRecord, replay
+from benchmarks._replay import TRACE_TOOL, PastGaps, ReplaySettings, RequestRecord, replay
 from benchmarks._traces import (
     FIRST_ID,
     ROOT,
@@ -282,6 +282,55 @@ def test_an_ended_turn_is_a_wait_on_the_user_learned_apart_from_tool_gaps() -> N
     assert gaps == [0.5, 1.0, 1.0, 1.5, 1.5, 1.0]
     # Plain configurations send no events.
     _run([trace], hints=False, time_scale=20.0)
+
+
+def _tool_and_user_trace(trace_id: str) -> Trace:
+    return parse_trace(
+        {
+            "id": trace_id,
+            "requests": [
+                _req([1]),
+                {**_req([1, 2], think=20.0), "stop": "end_turn"},
+                _req([1, 2, 3], think=400.0),
+            ],
+        }
+    )
+
+
+def _event_types(events: list[tuple[float, dict[str, Any]]]) -> list[tuple[str, str | None]]:
+    return [(e["type"], e.get("tool")) for _, body in events for e in body["events"]]
+
+
+def test_client_styles_header_only_user_waits_or_every_tool_wait() -> None:
+    trace = _tool_and_user_trace("trace_styles")
+    kinds = {}
+    for control in ("none", "turns", "tools"):
+        events: list[tuple[float, dict[str, Any]]] = []
+        _, seen = _run([trace], events, hints=True, control=control, time_scale=20.0)
+        assert all(h is not None for _, _, h in seen)  # every style sends the header
+        kinds[control] = _event_types(events)
+    assert kinds["none"] == []
+    assert kinds["turns"] == [("tool_start", USER_TOOL)]
+    # The SDK's way: tool_start with the tool's eta after a tool-use response, tool_end
+    # when the tool returns (just before the next request); the user wait as before.
+    # The last response ends in a tool call too: nothing follows it, as in a session
+    # that stops while its tool runs.
+    assert kinds["tools"] == [
+        ("tool_start", TRACE_TOOL), ("tool_end", None), ("tool_start", USER_TOOL),
+        ("tool_start", TRACE_TOOL),
+    ]  # fmt: skip
+
+
+def test_unhinted_sessions_send_nothing_beside_hinted_ones() -> None:
+    traces = [_tool_and_user_trace("trace_a"), _tool_and_user_trace("trace_b")]
+    events: list[tuple[float, dict[str, Any]]] = []
+    records, seen = _run(
+        traces, events, hints=True, control="tools", unhinted=frozenset({"trace_b"})
+    )
+    assert {r.trace_id for r in records if r.hint is not None} == {"trace_a"}
+    assert {r.trace_id for r in records if r.hint is None} == {"trace_b"}
+    assert {body["sid"] for _, body in events} == {"trace_a"}
+    assert sum(h is None for _, _, h in seen) == 3
 
 
 def test_plain_configs_send_no_hints_and_waits_are_capped() -> None:

@@ -1,0 +1,322 @@
+"""``python -m benchmarks.suite``: does the extension, with its defaults, ever lose to plain vLLM?
+
+Every family of workloads (``benchmarks._suite.FAMILIES``: the development
+matrix, dense and sparse traffic, more sessions than fit, the SDK's client
+style, half the traffic unhinted) runs plain vLLM, the extension exactly as
+``python -m server_ext serve MODEL`` starts it, and the unlimited bound, each on
+a fresh server with the same KV, ``--repeats`` times, on a quiet machine and
+beside a busy neighbour (one process keeping a core busy through the whole
+family). It prints, per family and condition, the median and range over the
+repeats of each ratio against plain, a pass/fail verdict (reuse at least
+plain's, TTFT mean and p90 at most 1.05x plain's, no failed request, no more
+preemptions than plain; in mixed traffic the unhinted sessions' TTFT too), and
+writes the JSON (``--out``) and a plot of the ratios beside it. ``--quick``: one
+repeat of two families, about 15 minutes on 2 cores. Results are saved after
+every run; ``--resume`` skips the runs a previous invocation saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+from server_ext import LocalServer, make_test_model
+
+from ._plots import write_ratio_plot
+from ._replay import ReplaySettings, RequestRecord, replay
+from ._report import summarize
+from ._run import OnDone, machine, run_config
+from ._server import ServerPlan, sigterm_as_exit
+from ._spread import format_spread, spread_json
+from ._suite import (
+    CONDITIONS,
+    FAMILIES,
+    QUICK_FAMILIES,
+    SUITE_CONFIGS,
+    TTFT_BOUND,
+    Check,
+    Family,
+    busy_neighbour,
+    checks,
+    group_summary,
+    rotated,
+)
+from ._traces import default_traces_dir, select_traces, trace_info, unlimited_blocks
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_NEIGHBOUR_LIMIT_S = 4 * 3600.0
+"""A neighbour outlives no family: it stops itself after this at the latest."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.suite", description=__doc__)
+    p.add_argument("--traces", type=Path, help="default: $AGENT_HINTS_TRACES or ../shared/traces")
+    p.add_argument(
+        "--quick", action="store_true", help=f"one repeat of {', '.join(QUICK_FAMILIES)}"
+    )
+    p.add_argument("--repeats", type=int, help="runs of each configuration (default 3; quick: 1)")
+    p.add_argument("--families", help="comma-separated, of: " + ", ".join(FAMILIES))
+    p.add_argument("--conditions", default=",".join(CONDITIONS), help="quiet, noisy or both")
+    p.add_argument(
+        "--configs", default=",".join(SUITE_CONFIGS), help="of: plain,extension,unlimited"
+    )
+    p.add_argument(
+        "--extension-config",
+        default="{}",
+        help="JSON kv_connector_extra_config (default: none, the extension's defaults)",
+    )
+    p.add_argument("--sessions", type=int, help="override each family's number of sessions")
+    p.add_argument("--max-requests", type=int, help="override each family's requests per session")
+    p.add_argument("--scale-k", type=int, default=4, help="token ids per 64-token hash block")
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--max-out", type=int, default=32)
+    p.add_argument("--model", help="checkpoint directory (default: the generated test model)")
+    p.add_argument("--out", type=Path, default=Path("results/suite.json"))
+    p.add_argument("--resume", action="store_true", help="keep the runs --out already holds")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    return p
+
+
+def _names(text: str, known: Mapping[str, object], what: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(known))
+    if unknown or not names:
+        sys.exit(f"error: unknown {what} {unknown}; choose from {', '.join(known)}")
+    return names
+
+
+class _Suite:
+    """The runs of one invocation and what they add up to; saved after each run."""
+
+    def __init__(self, args: argparse.Namespace, extension_config: dict[str, Any]) -> None:
+        self.args = args
+        self.extension_config = extension_config
+        self.created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        # family -> condition -> repeat -> config -> {"summary", "unhinted"}
+        self.results: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+        self.workloads: dict[str, Any] = {}
+        if args.resume and args.out.is_file():
+            saved = json.loads(args.out.read_text())
+            if saved.get("extension_config") != extension_config:
+                sys.exit("error: --resume with another --extension-config than the saved runs")
+            self.results = saved.get("runs", {})
+            self.workloads = saved.get("workloads", {})
+
+    def done(self, family: str, condition: str, repeat: int, config: str) -> bool:
+        return config in self.results.get(family, {}).get(condition, {}).get(str(repeat), {})
+
+    def add(
+        self, family: str, condition: str, repeat: int, config: str, run: dict[str, Any]
+    ) -> None:
+        by_repeat = self.results.setdefault(family, {}).setdefault(condition, {})
+        by_repeat.setdefault(str(repeat), {})[config] = run
+        self.save()
+
+    def complete_repeats(self, family: str, condition: str) -> list[dict[str, Any]]:
+        """The repeats of a family and condition that ran plain and the extension."""
+        by_repeat = self.results.get(family, {}).get(condition, {})
+        return [
+            by_repeat[r]
+            for r in sorted(by_repeat, key=int)
+            if {"plain", "extension"} <= by_repeat[r].keys()
+        ]
+
+    def verdict(self) -> list[Check]:
+        found: list[Check] = []
+        for family, conditions in self.results.items():
+            for condition in conditions:
+                repeats = self.complete_repeats(family, condition)
+                if not repeats:
+                    continue
+                summaries = [{c: run["summary"] for c, run in r.items()} for r in repeats]
+                groups = [
+                    {c: run["unhinted"] for c, run in r.items()}
+                    for r in repeats
+                    if all(run.get("unhinted") for run in r.values())
+                ]
+                found += checks(family, condition, summaries, groups)
+        return found
+
+    def spread(self, family: str, condition: str) -> dict[str, Any]:
+        repeats = self.complete_repeats(family, condition)
+        return spread_json([[run["summary"] for run in r.values()] for r in repeats])
+
+    def save(self) -> None:
+        verdict = self.verdict()
+        payload = {
+            "benchmark": "suite",
+            "created": self.created,
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(self.args).items()},
+            "machine": machine(),
+            "extension_config": self.extension_config,
+            "workloads": self.workloads,
+            "runs": self.results,
+            "spread": {
+                family: {c: self.spread(family, c) for c in conditions}
+                for family, conditions in self.results.items()
+            },
+            "verdict": [{**dataclasses.asdict(c), "passed": c.passed} for c in verdict],
+            "passed": bool(verdict) and all(c.passed for c in verdict),
+        }
+        self.args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(payload, indent=1))
+        tmp.replace(self.args.out)
+
+
+def _run_family(
+    suite: _Suite,
+    family: Family,
+    condition: str,
+    repeats: int,
+    config_names: Sequence[str],
+    model: str,
+    traces_dir: Path,
+) -> None:
+    args = suite.args
+    traces = select_traces(
+        traces_dir,
+        args.scale_k,
+        args.max_model_len - args.max_out,
+        n_traces=args.sessions or family.n_traces,
+        max_requests=args.max_requests or family.max_requests,
+    )
+    info, distinct = trace_info(traces, args.scale_k, args.block_size)
+    unhinted = family.unhinted([t.trace_id for t in traces])
+    suite.workloads[family.name] = {
+        "description": family.description,
+        "family": dataclasses.asdict(family),
+        "traces": info,
+        "unhinted": sorted(unhinted),
+    }
+    plan = ServerPlan(
+        model=model,
+        kv_blocks=family.kv_blocks,
+        unlimited_blocks=unlimited_blocks(
+            info, distinct, family.kv_blocks, args.max_model_len, args.block_size
+        ),
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        extra_config=suite.extension_config,
+        startup_timeout_s=args.startup_timeout,
+    )
+    total = sum(t.num_requests for t in traces)
+    configs = [SUITE_CONFIGS[n] for n in config_names]
+    pending = [
+        (r, c)
+        for r in range(repeats)
+        for c in rotated(configs, r)
+        if not suite.done(family.name, condition, r, c.name)
+    ]
+    if not pending:
+        return
+    with busy_neighbour(condition == "noisy", _NEIGHBOUR_LIMIT_S):
+        for repeat, config in pending:
+            print(f"== {family.name} / {condition} / repeat {repeat + 1} of {repeats}", flush=True)
+
+            async def replay_on(
+                server: LocalServer, on_done: OnDone, hinted: bool = config.hints
+            ) -> list[RequestRecord]:
+                settings = ReplaySettings(
+                    base_url=server.root_url,
+                    model=server.model,
+                    k=args.scale_k,
+                    time_scale=family.time_scale,
+                    max_think_s=family.max_think_s,
+                    max_out=args.max_out,
+                    hints=hinted,
+                    block_size=args.block_size,
+                    control=family.control,
+                    unhinted=unhinted,
+                )
+                timeout = httpx2.Timeout(settings.request_timeout_s, connect=10.0)
+                async with httpx2.AsyncClient(timeout=timeout) as client:
+                    return await replay(traces, settings, client, on_done=on_done)
+
+            logs = args.out.with_name(f"{args.out.stem}-logs")
+            run = run_config(config, plan, logs, total, replay_on)
+            entry: dict[str, Any] = {"summary": summarize(run)}
+            if unhinted:
+                entry["unhinted"] = group_summary(run, unhinted)
+            suite.add(family.name, condition, repeat, config.name, entry)
+
+
+def _report(suite: _Suite) -> str:
+    lines: list[str] = []
+    for family, conditions in suite.results.items():
+        for condition in conditions:
+            repeats = suite.complete_repeats(family, condition)
+            if repeats:
+                lines += [
+                    f"\n## {family} / {condition}",
+                    format_spread([[run["summary"] for run in r.values()] for r in repeats]),
+                ]
+    verdict = suite.verdict()
+    if verdict:
+        lines.append("\nverdict (medians over the repeats; the extension with its defaults)")
+        for c in verdict:
+            value = "-" if c.value is None else f"{c.value:.3f}"
+            sign = "<=" if c.at_most else ">="
+            mark = "pass" if c.passed else "FAIL"
+            lines.append(
+                f"  {mark}  {c.family:<11} {c.condition:<6} {c.what:<38} {value:>7} {sign} "
+                f"{c.bound}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    families = _names(
+        args.families or ",".join(QUICK_FAMILIES if args.quick else FAMILIES), FAMILIES, "families"
+    )
+    conditions = _names(args.conditions, dict.fromkeys(CONDITIONS), "conditions")
+    configs = _names(args.configs, SUITE_CONFIGS, "configs")
+    if not {"plain", "extension"} <= set(configs):
+        sys.exit("error: the suite compares the extension with plain: --configs needs both")
+    repeats = args.repeats or (1 if args.quick else 3)
+    try:
+        extension_config = json.loads(args.extension_config)
+    except json.JSONDecodeError as e:
+        sys.exit(f"error: --extension-config is not JSON ({e})")
+    if not isinstance(extension_config, dict):
+        sys.exit("error: --extension-config must be a JSON object")
+    traces_dir: Path = args.traces or default_traces_dir(REPO_ROOT)
+    if not traces_dir.is_dir():
+        sys.exit(
+            f"error: trace directory {traces_dir} not found: pass --traces DIR or set "
+            "AGENT_HINTS_TRACES"
+        )
+    suite = _Suite(args, extension_config)
+    with sigterm_as_exit(), tempfile.TemporaryDirectory(prefix="suite-model-") as tmp:
+        model = args.model or str(make_test_model(tmp))
+        for condition in conditions:
+            for name in families:
+                _run_family(suite, FAMILIES[name], condition, repeats, configs, model, traces_dir)
+    suite.save()
+    print(_report(suite))
+    rows = [
+        (
+            f"{family} / {condition}",
+            suite.spread(family, condition)["ratios"].get("extension / plain", {}),
+        )
+        for family, conditions in suite.results.items()
+        for condition in conditions
+    ]
+    plot = write_ratio_plot(rows, args.out.with_name(args.out.stem + "-ratios.png"), TTFT_BOUND)
+    print(f"\nwrote {args.out}\n      {plot}")
+    return 0 if all(c.passed for c in suite.verdict()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
