@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from .policy import AdmissionConfig, EstimatorConfig, PolicyConfig, WarmFirstGate
 
-__all__ = ["CONNECTOR_MODULE", "CONNECTOR_NAME", "ExtensionConfig", "ExtensionConfigError"]
+__all__ = [
+    "CONNECTOR_MODULE",
+    "CONNECTOR_NAME",
+    "RETENTION_MODES",
+    "ExtensionConfig",
+    "ExtensionConfigError",
+]
 
 CONNECTOR_NAME = "AgentHintsConnector"
 CONNECTOR_MODULE = "server_ext._vllm"
@@ -25,6 +31,12 @@ _ESTIMATOR = EstimatorConfig()
 _POLICY = PolicyConfig(total_blocks=0)
 
 
+RETENTION_MODES = ("order", "hold")
+"""How retention keeps a branch's blocks: ``order`` leaves them free and only
+decides which free block goes next (they cannot take room from any request),
+``hold`` takes a block reference and gives it back under pressure."""
+
+
 class ExtensionConfigError(ValueError):
     """An invalid ``kv_connector_extra_config`` entry; the message names the key."""
 
@@ -34,6 +46,8 @@ class ExtensionConfig:
     """Operator knobs of the extension.
 
     Args:
+        retention: ``RETENTION_MODES``: by eviction order (the default) or by
+            held references.
         max_held_fraction: Cap on blocks held for idle sessions, fraction of the pool.
         max_tenant_fraction: Cap per tenant, fraction of the global cap.
         ttl_cap_s: No retention outlives this, whatever a client asks.
@@ -61,6 +75,7 @@ class ExtensionConfig:
             raise it for clients whose hints are known to be accurate.
     """
 
+    retention: str = "order"
     max_held_fraction: float = 0.5
     max_tenant_fraction: float = 0.5
     ttl_cap_s: float = 600.0
@@ -82,7 +97,9 @@ class ExtensionConfig:
                 continue
             value = extra[f.name]
             default = f.default
-            if isinstance(default, bool):
+            if f.name == "retention":
+                ok = value in RETENTION_MODES
+            elif isinstance(default, bool):
                 ok = isinstance(value, bool)
             elif isinstance(default, float):
                 ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
@@ -91,7 +108,7 @@ class ExtensionConfig:
             if not ok:
                 raise ExtensionConfigError(
                     f"kv_connector_extra_config[{f.name!r}]={value!r}: expected "
-                    f"{type(default).__name__ if default is not None else 'a header name'}"
+                    f"{_expected(f.name, default)}"
                 )
             values[f.name] = float(value) if isinstance(default, float) else value  # type: ignore[arg-type]
         try:
@@ -140,3 +157,9 @@ class ExtensionConfig:
                 max_defer_s=self.max_defer_s, lookahead_s=lookahead, block_size=block_size
             )
         )
+
+
+def _expected(name: str, default: object) -> str:
+    if name == "retention":
+        return " or ".join(repr(m) for m in RETENTION_MODES)
+    return type(default).__name__ if default is not None else "a header name"

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 from hints_spec import BODY_FIELD, AgentHints, HintError, parse_body, to_vllm_fields
 
 from .policy import (
+    MIN_BUDGET_SCALE,
     ROOT,
     Action,
     BranchHints,
@@ -34,7 +35,10 @@ from .policy import (
     ForkEvent,
     Hold,
     Outcome,
+    Payoff,
     PolicyStats,
+    Release,
+    ReleaseReason,
     RetentionPolicy,
     ToolEndEvent,
     ToolStartEvent,
@@ -147,15 +151,23 @@ def control_params(
 class BlockPort(Protocol):
     """The block-pool operations retention needs.
 
-    ``hold`` takes one reference on each block (a held block is never evicted);
-    ``release`` drops it again, tail first, so the prefix stays cached longest;
+    ``hold`` protects each block (a held block is not evicted while the hold
+    lasts, unless the pool asks the retention for room); ``release`` ends
+    one protection, tail first, so the prefix stays cached longest, and with
+    ``evict_first`` makes the blocks the first a later allocation evicts;
     ``free_blocks`` counts blocks an allocation may take without touching a
-    held or running one (cached but unreferenced blocks included).
+    held or running one (cached but unreferenced blocks included). ``payoff``
+    (None if the port cannot tell) is what holding gained and cost against
+    plain LRU eviction, in blocks: while it does not pay, the retention
+    shrinks its budgets to ``MIN_BUDGET_SCALE``.
     """
+
+    @property
+    def payoff(self) -> Payoff | None: ...
 
     def hold(self, block_ids: Sequence[int]) -> None: ...
 
-    def release(self, block_ids: Sequence[int]) -> None: ...
+    def release(self, block_ids: Sequence[int], evict_first: bool = False) -> None: ...
 
     def free_blocks(self) -> int: ...
 
@@ -432,6 +444,11 @@ class EngineRetention:
         if self._gate is not None:
             self._gate.step(self._clock(), scheduled)
         self._apply(self.policy.expire())
+        payoff = self._pool.payoff
+        if payoff is not None:
+            scale = 1.0 if payoff.pays else MIN_BUDGET_SCALE
+            if scale != self.policy.budget_scale:
+                self._apply(self.policy.scale_budget(scale))
 
     def is_warmup(self, request_id: str) -> bool:
         """Whether ``request_id`` is a prefetch warm-up this engine tracks."""
@@ -485,21 +502,24 @@ class EngineRetention:
             self.policy.forget_all()
         finally:
             if held:
-                self._pool.release(list(held.elements()))
+                self._pool.release(list(held.elements()), evict_first=True)
 
     def _apply(self, actions: list[Action]) -> None:
         holds = [a.block_ids for a in actions if isinstance(a, Hold)]
-        releases = [a.block_ids for a in actions if not isinstance(a, Hold)]
+        releases = [a for a in actions if isinstance(a, Release)]
         if releases:
-            released = Counter(b for ids in releases for b in ids)
+            released = Counter(b for a in releases for b in a.block_ids)
             taken = Counter(b for ids in holds for b in ids)
             if any(self._held[b] + taken[b] < n for b, n in released.items()):
                 raise RuntimeError("the policy released a block reference it never held")
         for block_ids in holds:
             self._pool.hold(block_ids)
             self._held.update(block_ids)
-        for block_ids in releases:
-            self._pool.release(block_ids)
+        for release in releases:
+            block_ids = release.block_ids
+            # Given up for room, a branch's blocks are the next ones evicted
+            # after the free queue's; ended, expired or outbid, before them.
+            self._pool.release(block_ids, evict_first=release.reason is not ReleaseReason.PRESSURE)
             for b in block_ids:
                 if self._held[b] == 1:
                     del self._held[b]

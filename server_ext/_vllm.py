@@ -56,6 +56,7 @@ from vllm.v1.request import RequestStatus
 from ._config import CONNECTOR_NAME, ExtensionConfig
 from ._engine import CONTROL_KEY, EngineRetention, control_params, read_hint_params
 from ._launcher import RESERVED_CPU_ENV
+from ._pool import HoldPort, ShelfPort
 from .policy import RetentionPolicy
 from .tier import (
     BlockCodec,
@@ -76,7 +77,6 @@ from .tier import (
 
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig, VllmConfig
-    from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -136,23 +136,6 @@ async def send_control(
 
 
 # ---------------------------------------------------------------- engine side
-
-
-class _PoolPort:
-    """``BlockPort`` over vLLM's ``BlockPool``: hold = touch, release = free."""
-
-    def __init__(self, pool: BlockPool) -> None:
-        self._pool = pool
-
-    def hold(self, block_ids: Sequence[int]) -> None:
-        self._pool.touch([self._pool.blocks[i] for i in block_ids])
-
-    def release(self, block_ids: Sequence[int]) -> None:
-        # Tail first, as vLLM frees a request: the shared prefix is evicted last.
-        self._pool.free_blocks([self._pool.blocks[i] for i in reversed(block_ids)])
-
-    def free_blocks(self) -> int:
-        return self._pool.get_num_free_blocks()
 
 
 @dataclass
@@ -367,6 +350,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
         self._total_blocks = int(kv_cache_config.num_blocks)
         self._block_size = int(vllm_config.cache_config.block_size)
         self._retention: EngineRetention | None = None
+        # Retention by eviction order, and the requests whose misses it counted.
+        self._shelf: ShelfPort | None = None
+        self._looked_up: set[str] = set()
         self._reported: dict[str, float] = {}
         # Tier, scheduler side: the planner and the requests it tracks.
         self._planner: TierPlanner | None = None
@@ -396,11 +382,10 @@ class AgentHintsConnector(KVConnectorBase_V1):
         self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
     ) -> TierPlanner | None:
         assert self._tier_config is not None
-        groups = kv_cache_config.kv_cache_groups
-        hash_block = kv_cache_config.hash_block_size
-        if len(groups) != 1 or hash_block not in (None, self._block_size):
+        if not self._one_hashed_group():
             logger.warning("agent-hints tier: needs one KV cache group hashed per block; off")
             return None
+        groups = kv_cache_config.kv_cache_groups
         spec = groups[0].kv_cache_spec
         block_bytes = int(spec.page_size_bytes) * len(groups[0].layer_names)
         namespace = "|".join(
@@ -438,15 +423,33 @@ class AgentHintsConnector(KVConnectorBase_V1):
     def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
         policy = RetentionPolicy(self._config.policy_config(self._total_blocks))
+        pool = kv_cache_manager.block_pool
+        by_order = self._config.retention == "order"
+        if by_order and not self._one_hashed_group():
+            logger.warning("agent-hints: several KV cache groups; retention holds references")
+            by_order = False
+        port = ShelfPort(pool) if by_order else HoldPort(pool)
         retention = EngineRetention(
             policy,
-            _PoolPort(kv_cache_manager.block_pool),
+            port,
             self._config.admission_gate(self._block_size, tiered=self._planner is not None),
         )
         self._retention = retention
+        reset: Callable[[], bool] = kv_cache_manager.reset_prefix_cache
+
+        def reset_prefix_cache() -> bool:
+            retention.release_all()
+            return reset()
+
+        kv_cache_manager.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
+        if isinstance(port, ShelfPort):
+            # Shelved blocks count as free: an allocation that the free queue
+            # cannot serve takes them, in the retention's victim order.
+            port.on_short = retention.make_room
+            self._shelf = port
+            return
         block_size = self._block_size
         allocate: Callable[..., Any] = kv_cache_manager.allocate_slots
-        reset: Callable[[], bool] = kv_cache_manager.reset_prefix_cache
 
         def allocate_slots(request: Request, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
             blocks = allocate(request, num_new_tokens, *args, **kw)
@@ -457,12 +460,17 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 blocks = allocate(request, num_new_tokens, *args, **kw)
             return blocks
 
-        def reset_prefix_cache() -> bool:
-            retention.release_all()
-            return reset()
-
         kv_cache_manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
-        kv_cache_manager.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
+
+    def _one_hashed_group(self) -> bool:
+        """Whether the KV cache is one group hashed per block: the layout in
+        which a request's block hashes name the pool's blocks (the tier and
+        retention by eviction order need it)."""
+        config = self._kv_cache_config
+        return len(config.kv_cache_groups) == 1 and config.hash_block_size in (
+            None,
+            self._block_size,
+        )
 
     # -- scheduler-side hooks
 
@@ -493,6 +501,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 )  # fmt: skip
             except Exception:
                 self._contained("lookup")
+        if self._shelf is not None and request.request_id not in self._looked_up:
+            self._looked_up.add(request.request_id)
+            self._shelf.missed(request.block_hashes[num_computed_tokens // self._block_size :])
         if self._retention is not None:
             cached_blocks = (num_computed_tokens + tokens) // self._block_size
             if self._retention.defers(
@@ -574,6 +585,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         if retention is None:
             return False, None
         self._warmups.pop(request.request_id, None)
+        self._looked_up.discard(request.request_id)
         params = request.kv_transfer_params or {}
         control = params.get(CONTROL_KEY)
         if control is not None:

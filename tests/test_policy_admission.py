@@ -13,6 +13,7 @@ from server_ext.policy import (
     AdmissionConfig,
     BranchHints,
     BranchKey,
+    Payoff,
     PolicyConfig,
     RetentionPolicy,
     StepTimer,
@@ -87,10 +88,11 @@ class _Pool:
 
     def __init__(self, free: int = 0) -> None:
         self.free = free
+        self.payoff: Payoff | None = None
 
     def hold(self, block_ids: Sequence[int]) -> None: ...
 
-    def release(self, block_ids: Sequence[int]) -> None: ...
+    def release(self, block_ids: Sequence[int], evict_first: bool = False) -> None: ...
 
     def free_blocks(self) -> int:
         return self.free

@@ -13,6 +13,7 @@ from hints_spec import AgentHints
 from server_ext._engine import PREFETCH_KEY, EngineRetention, control_params, hint_params
 from server_ext.policy import (
     BranchKey,
+    Payoff,
     PolicyConfig,
     Release,
     ReleaseReason,
@@ -28,11 +29,12 @@ class Pool:
     def __init__(self) -> None:
         self.refs: Counter[int] = Counter()
         self.free = 0
+        self.payoff: Payoff | None = None
 
     def hold(self, block_ids: Sequence[int]) -> None:
         self.refs.update(block_ids)
 
-    def release(self, block_ids: Sequence[int]) -> None:
+    def release(self, block_ids: Sequence[int], evict_first: bool = False) -> None:
         self.refs.subtract(block_ids)
 
     def free_blocks(self) -> int:

@@ -15,12 +15,14 @@ from ._config import EstimatorConfig, PolicyConfig
 from ._estimator import GapEstimator, Prediction, ReturnPlan, median_given_elapsed
 from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent, ToolStartEvent
 from ._keys import ROOT, BranchHints, BranchKey
+from ._payoff import Payoff
 from ._planner import Plan, PlannerStats, PrefetchPlanner
-from ._policy import MAX_CHILDREN, PolicyStats, RetentionPolicy
+from ._policy import MAX_CHILDREN, MIN_BUDGET_SCALE, PolicyStats, RetentionPolicy
 from ._retention import Retention
 
 __all__ = [
     "MAX_CHILDREN",
+    "MIN_BUDGET_SCALE",
     "ROOT",
     "Action",
     "AdmissionConfig",
@@ -34,6 +36,7 @@ __all__ = [
     "GapEstimator",
     "Hold",
     "Outcome",
+    "Payoff",
     "Plan",
     "PlannerStats",
     "PolicyConfig",

@@ -31,6 +31,10 @@ class BlockLedger:
         """Distinct block ids held by any retention."""
         return len(self._refs)
 
+    def tenants(self) -> list[str]:
+        """The tenants holding blocks."""
+        return list(self._tenant_refs)
+
     def tenant_held(self, tenant: str) -> int:
         """Distinct block ids held by ``tenant``'s retentions."""
         return len(self._tenant_refs.get(tenant, ()))

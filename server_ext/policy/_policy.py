@@ -22,6 +22,10 @@ from ._retention import Retention
 MAX_CHILDREN = 256
 """Live forks one retention tracks; bounds the state a tenant can create."""
 
+MIN_BUDGET_SCALE = 1 / 16
+"""The smallest share of its budgets retention keeps while it does not pay
+(``RetentionPolicy.scale_budget``): enough to go on measuring whether it does."""
+
 
 @dataclass(frozen=True, slots=True)
 class PolicyStats:
@@ -70,8 +74,8 @@ class RetentionPolicy:
         and a later ``Release`` with the same key and block tuple ends it:
         every ``Hold`` is matched by exactly one ``Release``.
       - ``held_blocks`` (distinct block ids over live retentions, see
-        ``BlockLedger``) is at most ``config.held_cap`` and each tenant's at
-        most ``config.tenant_cap``.
+        ``BlockLedger``) is at most ``held_cap`` and each tenant's at most
+        ``tenant_cap`` (the configured caps times ``budget_scale``).
       - Every live retention has exactly one valid entry in ``_heap`` (its
         ``token``) at its ``effective_deadline``; other entries are stale and
         skipped, and the heap is rebuilt when they outnumber live ones. So
@@ -107,8 +111,19 @@ class RetentionPolicy:
         self._holds = 0
         self._calibration = _Calibration()
         self._prefetch = _PrefetchAccuracy()
+        self.budget_scale = 1.0
 
     # Introspection.
+
+    @property
+    def held_cap(self) -> int:
+        """Most distinct blocks all retentions may hold now."""
+        return math.floor(self.config.held_cap * self.budget_scale)
+
+    @property
+    def tenant_cap(self) -> int:
+        """Most distinct blocks one tenant's retentions may hold now."""
+        return math.floor(self.config.tenant_cap * self.budget_scale)
 
     @property
     def held_blocks(self) -> int:
@@ -394,6 +409,29 @@ class RetentionPolicy:
         departed = self._pending.get(key)
         return None if departed is None else departed.plan.next_use(now)
 
+    def scale_budget(self, scale: float, now: float | None = None) -> list[Action]:
+        """Scale the budgets to ``scale`` of the configured caps (from
+        ``MIN_BUDGET_SCALE`` to 1): a mechanism that measures what retention
+        gains and costs shrinks them while it does not pay. Retentions over a
+        smaller cap go, in victim order."""
+        if not MIN_BUDGET_SCALE <= scale <= 1:
+            raise ValueError(f"budget scale must be in [{MIN_BUDGET_SCALE}, 1]")
+        now = self._now(now)
+        self.budget_scale = scale
+        actions: list[Action] = []
+        for victim in self._victims(now):
+            if self.held_blocks <= self.held_cap and all(
+                self._ledger.tenant_held(t) <= self.tenant_cap for t in self._ledger.tenants()
+            ):
+                break
+            if self.held_blocks > self.held_cap or (
+                self._ledger.tenant_held(victim.key.tenant) > self.tenant_cap
+            ):
+                actions.append(
+                    self._drop(victim, _evict_reason(victim, now, ReleaseReason.BUDGET))[0]
+                )
+        return actions
+
     def release_all(self, reason: ReleaseReason = ReleaseReason.RESET) -> list[Action]:
         """Release every retention (e.g. on reset_prefix_cache)."""
         actions: list[Action] = [self._drop(r, reason)[0] for r in list(self._retentions.values())]
@@ -475,7 +513,7 @@ class RetentionPolicy:
         """Make budget room for ``blocks`` by evicting other retentions (the
         tenant's own for the tenant cap) that are due back later than
         ``expected_return`` or expired; return how long a prefix fits."""
-        cap, tenant_cap = self.config.held_cap, self.config.tenant_cap
+        cap, tenant_cap = self.held_cap, self.tenant_cap
         new, new_tenant = self._ledger.new_blocks(tenant, blocks)
         over = self._ledger.held + new - cap
         over_tenant = self._ledger.tenant_held(tenant) + new_tenant - tenant_cap

@@ -1,0 +1,48 @@
+"""Online accounting of what a mechanism gained against what it cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Payoff"]
+
+
+@dataclass(slots=True)
+class Payoff:
+    """Recent gains and costs of one mechanism, in one unit (blocks, seconds).
+
+    Every mechanism of the extension that can cost something (keeping blocks
+    ahead of LRU order, holding a prefill back) records what each of its
+    actions turned out to gain and to cost, measured against what plain vLLM
+    would have done; while the costs outweigh the gains it steps back. Both
+    sums decay by ``1 / memory`` per recorded outcome, so the verdict follows
+    the workload; a new one starts from ``prior`` units of gain, so a mechanism
+    runs until the evidence is against it.
+
+    Invariants: ``gained >= 0`` and ``cost >= 0``; ``outcomes`` only grows.
+    """
+
+    memory: float = 64.0
+    prior: float = 4.0
+    gained: float = 0.0
+    cost: float = 0.0
+    outcomes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.memory < 1 or self.prior < 0:
+            raise ValueError("memory must be >= 1 and prior >= 0")
+        self.gained += self.prior
+
+    def add(self, gained: float = 0.0, cost: float = 0.0) -> None:
+        """One outcome: what an action gained and what it cost (both >= 0)."""
+        if gained < 0 or cost < 0:
+            raise ValueError("gains and costs are counted as non-negative amounts")
+        keep = 1.0 - 1.0 / self.memory
+        self.gained = self.gained * keep + gained
+        self.cost = self.cost * keep + cost
+        self.outcomes += 1
+
+    @property
+    def pays(self) -> bool:
+        """Whether recent gains cover recent costs."""
+        return self.gained >= self.cost

@@ -1,0 +1,209 @@
+"""Retention by eviction order (``ShelfPort``) on vLLM's real ``BlockPool``, in process.
+
+A shelved block stays free: the pool's count, and so every allocation,
+admission and preemption decision, is plain vLLM's; only which free block an
+allocation evicts changes. And the port keeps the books of what that order
+gained and cost against plain LRU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock, make_block_hash_with_group_id
+
+from server_ext._pool import EvictionPayoff, HoldPort, ShelfPort
+from server_ext.policy import Payoff
+
+N = 12  # block 0 is vLLM's null block: 11 usable
+
+
+def _pool() -> BlockPool:
+    return BlockPool(num_gpu_blocks=N, enable_caching=True, hash_block_size=16)
+
+
+def _hash(i: int) -> BlockHash:
+    return BlockHash(i.to_bytes(8, "big"))
+
+
+def _compute(pool: BlockPool, hashes: Sequence[int]) -> list[KVCacheBlock]:
+    """Allocate one block per hash and cache it, as a prefill would."""
+    blocks = pool.get_new_blocks(len(hashes))
+    for block, h in zip(blocks, hashes, strict=True):
+        pool._insert_block_hash(make_block_hash_with_group_id(_hash(h), 0), block, None)
+    return blocks
+
+
+def _finish(pool: BlockPool, blocks: list[KVCacheBlock]) -> None:
+    pool.free_blocks(reversed(blocks))  # as vLLM frees a request: tail first
+
+
+def _cached(pool: BlockPool, h: int) -> bool:
+    return pool.get_cached_block(_hash(h), [0]) is not None
+
+
+def test_protected_blocks_stay_free_and_outlive_older_unprotected_ones() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    old = _compute(pool, [1, 2, 3])
+    _finish(pool, old)  # oldest: plain LRU evicts these first
+    kept = _compute(pool, [10, 11, 12])
+    port.hold([b.block_id for b in kept])
+    _finish(pool, kept)
+    assert port.shelved == 3
+    # vLLM sees every block free, exactly as without retention.
+    assert pool.get_num_free_blocks() == N - 1
+    assert port.free_blocks() == N - 1 - 3
+    # Fill all the free queue's blocks: the unprotected old ones are evicted,
+    # the protected ones survive although they are younger...
+    pool.get_new_blocks(N - 1 - 3)
+    assert not any(_cached(pool, h) for h in (1, 2, 3))
+    assert all(_cached(pool, h) for h in (10, 11, 12))
+
+
+def test_an_allocation_the_queue_cannot_serve_takes_shelved_blocks_in_victim_order() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    asked: list[int] = []
+
+    def give_up(blocks: int) -> bool:
+        asked.append(blocks)
+        port.release(ids)  # for room: after the blocks the queue has
+        return True
+
+    port.on_short = give_up
+    chain = _compute(pool, [1, 2, 3, 4])
+    ids = [b.block_id for b in chain]
+    port.hold(ids)
+    _finish(pool, chain)
+    taken = pool.get_new_blocks(N - 1 - 4 + 1)  # one more than the queue has
+    assert asked == [1] and len(taken) == N - 1 - 3
+    # The queue's blocks went first, then the released chain's tail: the prefix
+    # is what stays cached.
+    assert [_cached(pool, h) for h in (1, 2, 3, 4)] == [True, True, True, False]
+
+
+def test_a_release_that_is_not_for_room_makes_the_blocks_the_next_evicted() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    chain = _compute(pool, [1, 2])
+    ids = [b.block_id for b in chain]
+    port.hold(ids)
+    _finish(pool, chain)
+    port.release(ids, evict_first=True)  # e.g. the branch ended
+    pool.get_new_blocks(1)
+    assert [_cached(pool, h) for h in (1, 2)] == [True, False]
+
+
+def test_the_pool_never_fails_for_a_retention_that_gives_nothing_back() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)  # on_short answers False: nothing to release
+    chain = _compute(pool, [1, 2])
+    port.hold([b.block_id for b in chain])
+    _finish(pool, chain)
+    assert len(pool.get_new_blocks(N - 1)) == N - 1
+    assert pool.get_num_free_blocks() == 0 and port.shelved == 0
+
+
+def test_a_hit_on_a_shelved_block_takes_it_and_its_release_after_the_request() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    chain = _compute(pool, [1, 2])
+    ids = [b.block_id for b in chain]
+    port.hold(ids)
+    _finish(pool, chain)
+    hit = [pool.get_cached_block(_hash(h), [0]) for h in (1, 2)]
+    blocks = [b[0] for b in hit if b is not None]
+    pool.touch(blocks)  # the branch is back: its request takes its prefix
+    assert port.shelved == 0 and all(b.ref_cnt == 1 for b in blocks)
+    assert pool.get_num_free_blocks() == N - 1 - 2
+    _finish(pool, blocks)  # still protected (not yet released): back on the shelf
+    assert port.shelved == 2
+    port.release(ids)
+    assert port.shelved == 0 and pool.get_num_free_blocks() == N - 1
+
+
+def test_shared_blocks_stay_protected_until_their_last_holder_releases() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    chain = _compute(pool, [1, 2])
+    ids = [b.block_id for b in chain]
+    port.hold(ids)  # the parent
+    port.hold(ids[:1])  # a fork sharing the prefix
+    _finish(pool, chain)
+    port.release(ids)
+    assert port.shelved == 1
+    port.release(ids[:1])
+    assert port.shelved == 0
+
+
+def test_hold_port_takes_and_gives_back_references() -> None:
+    pool = _pool()
+    port = HoldPort(pool)
+    chain = _compute(pool, [1])
+    _finish(pool, chain)
+    port.hold([chain[0].block_id])
+    assert chain[0].ref_cnt == 1 and port.free_blocks() == N - 2
+    port.release([chain[0].block_id])
+    assert chain[0].ref_cnt == 0 and port.payoff is None
+
+
+def test_a_hit_lru_would_have_missed_is_a_gain() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    before = port.payoff.gained
+    chain = _compute(pool, [10])
+    port.hold([chain[0].block_id])
+    _finish(pool, chain)  # older than everything freed below
+    young = _compute(pool, list(range(20, 20 + N - 2)))
+    _finish(pool, young)
+    pool.get_new_blocks(1)  # LRU would evict block 10; the shelf keeps it
+    assert _cached(pool, 10)
+    hit = pool.get_cached_block(_hash(10), [0])
+    assert hit is not None
+    pool.touch(hit)
+    assert port.payoff.gained == pytest.approx(before * (1 - 1 / 64) + 1.0)
+    assert port.payoff.cost == 0
+
+
+def test_a_miss_on_a_block_lru_would_have_kept_is_a_cost() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    chain = _compute(pool, [10])
+    port.hold([chain[0].block_id])
+    _finish(pool, chain)
+    young = _compute(pool, list(range(20, 20 + N - 2)))
+    pool.free_blocks(young)  # 20 first in LRU order
+    pool.get_new_blocks(1)  # evicts block 20 in place of the older, shelved 10
+    assert not _cached(pool, 20)
+    port.missed([_hash(20), _hash(21)])  # a request needs 20 (and 21, still cached)
+    assert port.payoff.cost == 1.0
+    port.missed([_hash(20)])  # counted once
+    assert port.payoff.cost == 1.0
+
+
+def test_when_lru_would_evict_a_ghost_too_it_is_forgotten() -> None:
+    books = EvictionPayoff(capacity=8, payoff=Payoff(prior=0.0))
+    for block in (1, 2, 3):
+        books.freed(block)
+    books.shelved(1)
+    books.evicted(2, b"two", on_shelf={1}.__contains__)  # LRU would evict 1: saved, 2 a ghost
+    assert books.saved == {1} and list(books.ghosts) == [b"two"]
+    books.evicted(3, b"three", on_shelf={1}.__contains__)  # LRU would now evict 2 too
+    assert list(books.ghosts) == [b"three"]
+    books.missed([b"two"])
+    assert books.payoff.cost == 0.0
+
+
+def test_payoff_decays_and_starts_trusted() -> None:
+    payoff = Payoff(memory=4.0, prior=2.0)
+    assert payoff.pays
+    payoff.add(cost=3.0)
+    assert not payoff.pays
+    for _ in range(3):
+        payoff.add(gained=2.0)
+    assert payoff.pays and payoff.outcomes == 4
+    with pytest.raises(ValueError):
+        payoff.add(gained=-1.0)
