@@ -27,7 +27,9 @@ here:
   and before a prefix-cache reset;
 - ``EngineClient.notify_kv_transfer_request_rejected``: a pre-aborted request
   that carries control events to the engine with no inference;
-- ``app.state.vllm_config`` / ``app.state.engine_client`` in the API server.
+- ``app.state.vllm_config`` / ``app.state.engine_client`` / ``app.state.args``
+  in the API server, and vLLM's ``AuthenticationMiddleware.verify_token`` and
+  ``GUARDED_PREFIX`` (the extension's middleware runs outside vLLM's).
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ import dataclasses
 import logging
 import os
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import vllm
+from starlette.datastructures import Headers
+from vllm import envs
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -50,6 +54,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
     KVConnectorStats,
+)
+from vllm.entrypoints.serve.middleware.authenticate import (
+    GUARDED_PREFIX,
+    AuthenticationMiddleware,
 )
 from vllm.v1.request import RequestStatus
 
@@ -86,6 +94,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SUPPORTED_VLLM",
     "AgentHintsConnector",
+    "ApiKeys",
     "connector_config",
     "send_control",
 ]
@@ -126,6 +135,38 @@ def connector_config(app_state: Any) -> ExtensionConfig | None:
     return ExtensionConfig.from_mapping(kv.kv_connector_extra_config)
 
 
+class ApiKeys:
+    """vLLM's own API-key check (``--api-key`` / ``VLLM_API_KEY``).
+
+    vLLM adds ``--middleware`` classes last, so they run outside its
+    ``AuthenticationMiddleware``: the extension's middleware asks this check
+    first and hands a request that vLLM will refuse straight on, unread.
+    """
+
+    def __init__(self, app_state: Any) -> None:
+        args = getattr(app_state, "args", None)
+        # As vLLM's init_entrypoints_middleware: --api-key wins over VLLM_API_KEY.
+        tokens = [key for key in (getattr(args, "api_key", None) or [envs.VLLM_API_KEY]) if key]
+        self._check = AuthenticationMiddleware(None, tokens) if tokens else None  # type: ignore[arg-type]
+
+    @property
+    def configured(self) -> bool:
+        """Whether vLLM checks API keys at all."""
+        return self._check is not None
+
+    def verifies(self, scope: MutableMapping[str, Any]) -> bool:
+        """Whether the request's credential is one of vLLM's keys (False
+        when none are configured)."""
+        return self._check is not None and self._check.verify_token(Headers(scope=scope))
+
+    @staticmethod
+    def guards(scope: MutableMapping[str, Any]) -> bool:
+        """Whether vLLM checks the key of this request (when it has keys):
+        every method but OPTIONS, on its guarded path prefixes."""
+        path = str(scope["path"]).removeprefix(scope.get("root_path", ""))
+        return scope.get("method") != "OPTIONS" and path.startswith(GUARDED_PREFIX)
+
+
 async def send_control(
     app_state: Any, tenant: str, sid: str, events: Sequence[Mapping[str, object]]
 ) -> None:
@@ -138,6 +179,17 @@ async def send_control(
 # ---------------------------------------------------------------- engine side
 
 
+_GAUGES = {
+    "held_blocks": "KV blocks held for idle agent branches",
+    "retained_branches": "Agent branches whose KV is retained",
+    "tier_bytes": "Bytes of KV blocks in the tier (as the scheduler accounts them)",
+    "prefill_seconds_per_token": "Engine seconds per scheduled token, timed on its steps "
+    "(scales warm-first admission's window; 0 until timed)",
+    "budget_scale": "Share of the retention budgets in force (1 while retention pays, "
+    "less while its eviction order costs more hits than it saves)",
+}
+
+
 @dataclass
 class AgentHintsStats(KVConnectorStats):
     """Retention telemetry shipped from the engine core to the API server.
@@ -148,7 +200,7 @@ class AgentHintsStats(KVConnectorStats):
 
     data: dict[str, Any] = field(default_factory=dict)
 
-    GAUGES = ("held_blocks", "retained_branches", "tier_bytes", "prefill_seconds_per_token")
+    GAUGES = tuple(_GAUGES)
 
     def reset(self) -> None:
         self.data = {}
@@ -187,19 +239,16 @@ _COUNTERS = {
     "returns_within_2x": "Predicted returns whose actual gap was within 2x of the prediction",
     "warmups_returned": "Warmed retentions whose branch came back while they were held",
     "warmups_wasted": "Warmed retentions released before their branch came back",
+    "order_gained_blocks": "Prefix-cache hits on blocks plain LRU would have evicted "
+    "(retention by eviction order)",
+    "order_cost_blocks": "Blocks recomputed that plain LRU would have kept "
+    "(retention by eviction order)",
     "tier_hits": "KV blocks planned to load from the tier instead of recomputed "
     "(those that failed count in tier_load_failures too)",
     "tier_misses": "KV blocks past the device cache that the tier did not hold",
     "tier_load_failures": "Planned tier loads that failed (the blocks were recomputed)",
     "tier_save_failures": "KV blocks the tier could not store",
     "tier_shared_blocks": "KV blocks found in the shared store that this engine had not stored",
-}
-_GAUGES = {
-    "held_blocks": "KV blocks held for idle agent branches",
-    "retained_branches": "Agent branches whose KV is retained",
-    "tier_bytes": "Bytes of KV blocks in the tier (as the scheduler accounts them)",
-    "prefill_seconds_per_token": "Engine seconds per scheduled token, timed on its steps "
-    "(scales warm-first admission's window; 0 until timed)",
 }
 # The scheduler waits on a shared-store lookup; a normal one takes under 1 ms.
 _PROBE_TIMEOUT_S = 0.05
@@ -612,6 +661,10 @@ class AgentHintsConnector(KVConnectorBase_V1):
             now["warmup_yields"] = self._warmup_yields
             if (seconds := self._retention.prefill_seconds_per_token) is not None:
                 now["prefill_seconds_per_token"] = seconds
+            now["budget_scale"] = self._retention.policy.budget_scale
+        if self._shelf is not None:
+            now["order_gained_blocks"] = self._shelf.payoff.total_gained
+            now["order_cost_blocks"] = self._shelf.payoff.total_cost
         if self._planner is not None:
             counters = dataclasses.asdict(self._planner.counters)
             now.update({f"tier_{name}": value for name, value in counters.items()})

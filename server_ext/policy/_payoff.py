@@ -19,7 +19,8 @@ class Payoff:
     the workload; a new one starts from ``prior`` units of gain, so a mechanism
     runs until the evidence is against it.
 
-    Invariants: ``gained >= 0`` and ``cost >= 0``; ``outcomes`` only grows.
+    Invariants: ``gained >= 0`` and ``cost >= 0``; ``outcomes`` and the
+    undecayed ``total_gained`` / ``total_cost`` (for metrics) only grow.
     """
 
     memory: float = 64.0
@@ -27,6 +28,8 @@ class Payoff:
     gained: float = 0.0
     cost: float = 0.0
     outcomes: int = 0
+    total_gained: float = 0.0
+    total_cost: float = 0.0
 
     def __post_init__(self) -> None:
         if self.memory < 1 or self.prior < 0:
@@ -41,6 +44,8 @@ class Payoff:
         self.gained = self.gained * keep + gained
         self.cost = self.cost * keep + cost
         self.outcomes += 1
+        self.total_gained += gained
+        self.total_cost += cost
 
     @property
     def pays(self) -> bool:
