@@ -20,7 +20,7 @@ from ._control import (
     parse_control,
 )
 from ._errors import HintError, HintErrorCode
-from ._header import parse_header, serialize_header
+from ._header import combine_field_lines, parse_header, serialize_header
 from ._interop import OTEL_CONVERSATION_ID, SESSION_HEADER, from_interop, merge_hints
 from ._model import (
     BODY_FIELD,
@@ -61,6 +61,7 @@ __all__ = [
     "Outcome",
     "ToolEnd",
     "ToolStart",
+    "combine_field_lines",
     "from_interop",
     "merge_hints",
     "parse_body",

@@ -9,6 +9,7 @@ the fast path only has to agree with it on the subset it accepts (a test checks 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from decimal import Decimal
 
 import http_sf
@@ -62,6 +63,17 @@ def _sf_members(data: bytes) -> dict[str, object]:
     return {
         key: member[0] if isinstance(member, tuple) else member for key, member in parsed.items()
     }
+
+
+def combine_field_lines(lines: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """One field value per (lower-cased) name: repeated lines of a field joined
+    with ", " in order (RFC 9110 Section 5.3), as SPEC Section 3 step 1 asks of
+    ``Agent-Hints`` before it is parsed, so no line is silently dropped."""
+    fields: dict[str, str] = {}
+    for name, value in lines:
+        key = name.lower()
+        fields[key] = f"{fields[key]}, {value}" if key in fields else value
+    return fields
 
 
 def parse_header(value: str | bytes) -> AgentHints:

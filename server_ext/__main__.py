@@ -21,7 +21,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--ttl-cap", type=float, dest="ttl_cap_s", help="longest retention (s)")
     serve.add_argument("--default-ttl", type=float, dest="default_ttl_s")
     serve.add_argument("--tenant-header", help="tenant header set by a trusted gateway")
-    serve.add_argument("--salt-per-tenant", action="store_true", default=None)
+    serve.add_argument(
+        "--tenant-header-peers",
+        help="comma-separated addresses or CIDR networks trusted to set --tenant-header "
+        "(default: loopback)",
+    )
+    serve.add_argument(
+        "--gateway-secret-header",
+        help="header in which the gateway presents the secret of $AGENT_HINTS_GATEWAY_SECRET",
+    )
+    serve.add_argument(
+        "--salt-per-tenant",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="prefix the tenant to every request's cache_salt (default: on)",
+    )
+    serve.add_argument(
+        "--control-rate",
+        type=float,
+        help="control-endpoint requests per second per tenant (0: unlimited)",
+    )
+    serve.add_argument(
+        "--state-metrics",
+        action="store_true",
+        default=None,
+        help="export the retention counters that reveal whether a session exists",
+    )
     serve.add_argument(
         "--prefetch", action="store_true", default=None, help="warm idle branches before return"
     )
@@ -73,13 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_defer_s",
         "defer_lookahead_s",
         "gap_hint_weight",
+        "control_rate",
     )
     extra: dict[str, object] = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
-    if args.tenant_header:
-        extra["tenant_header"] = args.tenant_header
-    for flag in ("salt_per_tenant", "prefetch"):
-        if getattr(args, flag):
-            extra[flag] = True
+    for name in ("tenant_header", "tenant_header_peers", "gateway_secret_header"):
+        if getattr(args, name):
+            extra[name] = getattr(args, name)
+    for flag in ("salt_per_tenant", "prefetch", "state_metrics"):
+        if getattr(args, flag) is not None:
+            extra[flag] = getattr(args, flag)
     command = vllm_command(args.model, rest, extra_config=extra)
     env = extension_env(rest)
     if args.print_command:

@@ -8,6 +8,7 @@ extension in one place and the two processes can never disagree.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from .policy import AdmissionConfig, EstimatorConfig, PolicyConfig, WarmFirstGat
 __all__ = [
     "CONNECTOR_MODULE",
     "CONNECTOR_NAME",
+    "LOOPBACK_PEERS",
     "RETENTION_MODES",
     "ExtensionConfig",
     "ExtensionConfigError",
@@ -30,6 +32,9 @@ _ADMISSION = AdmissionConfig()
 _ESTIMATOR = EstimatorConfig()
 _POLICY = PolicyConfig(total_blocks=0)
 
+
+LOOPBACK_PEERS = "127.0.0.0/8,::1"
+"""Where a gateway that sets ``tenant_header`` is trusted from by default."""
 
 RETENTION_MODES = ("order", "hold")
 """How retention keeps a branch's blocks: ``order`` leaves them free and only
@@ -53,9 +58,25 @@ class ExtensionConfig:
         ttl_cap_s: No retention outlives this, whatever a client asks.
         default_ttl_s: Longest retention when a client gives neither gap nor ttl.
         tenant_header: Header set by a trusted gateway that names the tenant; when
-            unset, the tenant is derived from the API key.
-        salt_per_tenant: Set ``cache_salt`` to the tenant so that tenants never share
-            prefix-cache entries (closes the cross-tenant timing side channel).
+            unset, the tenant is derived from the API key. Trusted only from
+            ``tenant_header_peers`` and, with ``gateway_secret_header``, only
+            with the shared secret; a request that carries it from anywhere
+            else is refused (403).
+        tenant_header_peers: Comma-separated addresses or CIDR networks of the
+            gateways whose ``tenant_header`` is trusted (default: loopback).
+        gateway_secret_header: Header in which the gateway also presents the
+            shared secret of the environment variable
+            ``AGENT_HINTS_GATEWAY_SECRET`` (a secret never sits in this config,
+            which vLLM logs); it is stripped before vLLM sees the request.
+        salt_per_tenant: Every request's ``cache_salt`` starts with its tenant,
+            so tenants never share prefix-cache entries (SPEC 8.2: closes the
+            cross-tenant timing side channel).
+        control_rate: Control-endpoint requests per second per tenant (bursts
+            of twice as many); more are answered 429 (0: unlimited).
+        state_metrics: Export the per-reason retention counters that move with
+            whether a client-named session exists (``ends``, ``returns``,
+            ``replacements``, ``clipped``, ``rejected``): an oracle for anyone
+            who can read ``/metrics`` and guess a session id of its tenant.
         prefetch: Re-prefill an idle branch's last prompt (a 1-token warm-up) while
             no real request prefills, just before the branch is expected back.
         prefetch_min_accuracy: Warm-ups may evict retentions of branches due
@@ -81,7 +102,11 @@ class ExtensionConfig:
     ttl_cap_s: float = 600.0
     default_ttl_s: float = 60.0
     tenant_header: str | None = None
-    salt_per_tenant: bool = False
+    tenant_header_peers: str | None = None
+    gateway_secret_header: str | None = None
+    salt_per_tenant: bool = True
+    control_rate: float = 100.0
+    state_metrics: bool = False
     prefetch: bool = False
     prefetch_min_accuracy: float = _POLICY.prefetch_min_accuracy
     max_defer_s: float = _ADMISSION.max_defer_s
@@ -112,9 +137,24 @@ class ExtensionConfig:
                 )
             values[f.name] = float(value) if isinstance(default, float) else value  # type: ignore[arg-type]
         try:
-            return cls(**values)  # type: ignore[arg-type]
+            config = cls(**values)  # type: ignore[arg-type]
         except ValueError as e:  # pragma: no cover - dataclass has no checks of its own
             raise ExtensionConfigError(str(e)) from e
+        config.trusted_peers()  # an unparsable list fails at start-up, not per request
+        return config
+
+    def trusted_peers(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """The networks whose ``tenant_header`` is trusted (``tenant_header_peers``)."""
+        text = self.tenant_header_peers or LOOPBACK_PEERS
+        try:
+            return tuple(
+                ipaddress.ip_network(part.strip(), strict=False) for part in text.split(",")
+            )
+        except ValueError as e:
+            raise ExtensionConfigError(
+                f"kv_connector_extra_config['tenant_header_peers']={text!r}: expected "
+                f"comma-separated addresses or CIDR networks ({e})"
+            ) from e
 
     def policy_config(self, total_blocks: int) -> PolicyConfig:
         """The retention policy's budgets for a pool of ``total_blocks``."""

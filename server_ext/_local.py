@@ -157,6 +157,10 @@ def _wait_ready(server: LocalServer, process: subprocess.Popen[bytes], timeout: 
         try:
             with urllib.request.urlopen(server.base_url + "/models", timeout=2):
                 return
+        except urllib.error.HTTPError as e:
+            if e.code == 401:  # up, behind --api-key
+                return
+            time.sleep(1.0)
         except OSError:
             time.sleep(1.0)
     text = server.log_path.read_text(errors="replace")

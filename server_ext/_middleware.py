@@ -2,20 +2,29 @@
 
 A pure ASGI middleware (``--middleware server_ext.AgentHintsMiddleware``):
 
-- on inference routes it parses ``Agent-Hints`` (header), ``agent_hints`` (body)
-  and interop fields with the ``hints_spec`` codec, and rewrites the JSON body so
-  that vLLM's ``session_id`` is set and the normalized hints ride to the engine
-  inside ``kv_transfer_params``. A malformed hint is counted and dropped; the
-  request is served exactly as if it had none.
+- vLLM adds ``--middleware`` classes outside its own API-key check, so this one
+  applies that check first (``ApiKeys``, vLLM's keys and code): a request that
+  vLLM will answer 401 is handed on before a byte of its body is read.
+- the tenant is resolved once per request (``Tenancy``): a gateway's
+  ``tenant_header`` from an untrusted source is refused (403).
+- on inference routes it parses ``Agent-Hints`` (header lines combined as RFC
+  9110 says), ``agent_hints`` (body) and interop fields with the ``hints_spec``
+  codec, and rewrites the JSON body so that vLLM's ``session_id`` is set and
+  the normalized hints ride to the engine inside ``kv_transfer_params``. A
+  malformed hint is counted and dropped; the request is served exactly as if
+  it had none.
 - on every JSON POST it strips the extension's reserved ``kv_transfer_params``
   keys, so a client can never forge a tenant or a control message.
-- with ``salt_per_tenant``, every inference request's ``cache_salt`` starts
-  with its tenant (a client's own salt is kept after it), hinted or not.
-- it answers ``POST /v1/agent-hints/events`` itself and forwards valid events to
-  the engine core with no inference request.
+- with ``salt_per_tenant`` (the default), every request's ``cache_salt``
+  starts with its tenant (a client's own salt is kept after it), on every
+  route, hinted or not.
+- it answers ``POST /v1/agent-hints/events`` itself (rate-limited per tenant,
+  outcomes in the SPEC's untrusted mode) and forwards valid events to the
+  engine core with no inference request.
 - with ``prefetch`` enabled, every other POST goes through a ``Prefetcher``,
   which watches branches leave and return and warms them before they are back.
 
+Routes are matched below vLLM's ``--root-path``, as vLLM's own routing does.
 Bodies without any hint-related bytes pass through untouched (no JSON round trip);
 when such a body's request is hinted by headers, its new fields are spliced in
 front of its members, still without decoding it. Such bytes are looked for in the
@@ -26,6 +35,12 @@ not UTF-8) is parsed too.
 from __future__ import annotations
 
 import json
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, overload
 
 from prometheus_client import Counter
@@ -39,7 +54,7 @@ from hints_spec import (
     EventResult,
     HintError,
     Outcome,
-    ToolStart,
+    combine_field_lines,
     parse_control,
     resolve_hints,
 )
@@ -47,14 +62,18 @@ from hints_spec import (
 from ._config import ExtensionConfig
 from ._engine import RESERVED_KEYS, hint_params
 from ._prefetch import ASGIApp, Branch, Prefetcher, Receive, Scope, Send, replay_body
-from ._tenant import resolve_tenant
-from ._vllm import connector_config, send_control
+from ._tenant import DEFAULT_TENANT, Tenancy, TenantRefused
+from ._vllm import ApiKeys, connector_config, send_control
 from .policy import ROOT, BranchKey, GapEstimator, PrefetchPlanner
 
 __all__ = ["INFERENCE_PATHS", "AgentHintsMiddleware"]
 
+logger = logging.getLogger(__name__)
+
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 MAX_CONTROL_BYTES = 64 * 1024
+MAX_RATE_TENANTS = 65536
+"""Tenants whose control-rate buckets are remembered (least recently used go)."""
 _HEADER = HEADER_NAME.lower()
 _INTEROP_HEADERS = (SESSION_HEADER.lower(), "x-dynamo-session-id")
 # Any of these keys in a body means it may carry hints or reserved keys (each has
@@ -78,6 +97,56 @@ HINTED_REQUESTS = Counter("agent_hints_requests", "Inference requests that carri
 CONTROL_EVENTS = Counter(
     "agent_hints_control_events", "Control events by outcome", labelnames=["type", "outcome"]
 )
+REFUSED = Counter(
+    "agent_hints_refused_requests",
+    "Requests the middleware refused: untrusted tenant header (untrusted_tenant), "
+    "control rate limit (rate_limited), JSON nested too deeply (too_deep)",
+    labelnames=["reason"],
+)
+
+
+class _Refused(Exception):
+    """Answer the request with this error instead of forwarding it."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+class RateLimit:
+    """Token buckets per tenant: ``rate`` per second, bursts of ``2 * rate``.
+
+    At most ``MAX_RATE_TENANTS`` buckets are kept; a forgotten tenant starts
+    full again, as a new one would.
+    """
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate = rate
+        self._burst = max(2.0 * rate, 1.0)
+        self._clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def take(self, tenant: str) -> float:
+        """0 when ``tenant`` may go on, else the seconds until it may."""
+        now = self._clock()
+        tokens, then = self._buckets.pop(tenant, (self._burst, now))
+        tokens = min(self._burst, tokens + (now - then) * self._rate)
+        wait = 0.0 if tokens >= 1 else (1 - tokens) / self._rate
+        self._buckets[tenant] = (tokens - 1 if wait == 0 else tokens, now)
+        if len(self._buckets) > MAX_RATE_TENANTS:
+            self._buckets.popitem(last=False)
+        return wait
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What the middleware reads once from vLLM's app state."""
+
+    config: ExtensionConfig | None
+    keys: ApiKeys
+    tenancy: Tenancy | None
+    limit: RateLimit | None
+    prefetcher: Prefetcher | None
 
 
 class AgentHintsMiddleware:
@@ -85,51 +154,90 @@ class AgentHintsMiddleware:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._config: ExtensionConfig | None = None
-        self._config_read = False
-        self._prefetcher: Prefetcher | None = None
+        self._setup: _Setup | None = None
+
+    @property
+    def prefetcher(self) -> Prefetcher | None:
+        """The prefetcher, once the first request (or start-up) read the settings."""
+        return self._setup.prefetcher if self._setup is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            self._ready(scope)  # at start-up: bad settings stop it, warnings are logged
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        headers = _headers(scope)
-        if scope["path"] == CONTROL_PATH:
-            await self._control(scope, headers, receive, send)
+        setup = self._ready(scope)
+        verified = setup.keys.verifies(scope)
+        if setup.keys.configured and not verified and setup.keys.guards(scope):
+            # vLLM's AuthenticationMiddleware, further in, answers 401.
+            await self.app(scope, receive, send)
+            return
+        tenant: str | None = None
+        if setup.tenancy is not None:
+            try:
+                tenant = setup.tenancy.resolve(
+                    scope["headers"], _peer(scope), verified or not setup.keys.configured
+                )
+            except TenantRefused as e:
+                REFUSED.labels("untrusted_tenant").inc()
+                await _json(send, 403, _error("untrusted_tenant", str(e)))
+                return
+            if setup.tenancy.secret_header is not None:
+                scope = _without_header(scope, setup.tenancy.secret_header)
+        if _route(scope) == CONTROL_PATH:
+            await self._control(setup, tenant or DEFAULT_TENANT, scope, receive, send)
             return
         body = await _read_body(receive)
-        rewritten, branch = self._rewrite(scope, headers, body)
+        try:
+            rewritten, branch = self._rewrite(setup.config, tenant, scope, body)
+        except _Refused as e:
+            REFUSED.labels(e.code).inc()
+            await _json(send, e.status, _error(e.code, str(e)))
+            return
         if rewritten is not body:
             scope = dict(scope)
             scope["headers"] = [
                 (k, v) for k, v in scope["headers"] if k.lower() != b"content-length"
             ] + [(b"content-length", str(len(rewritten)).encode())]
         replay = replay_body(rewritten, receive)
-        if self._prefetcher is None:
+        if setup.prefetcher is None:
             await self.app(scope, replay, send)
         else:
-            await self._prefetcher.serve(scope, rewritten, branch, replay, send)
+            await setup.prefetcher.serve(scope, rewritten, branch, replay, send)
 
-    def _extension(self, scope: Scope) -> ExtensionConfig | None:
-        if not self._config_read:
-            app = scope.get("app")
-            self._config = connector_config(getattr(app, "state", None))
-            self._config_read = True
-            if self._config is not None and self._config.prefetch:
-                estimator = GapEstimator(self._config.estimator_config())
-                self._prefetcher = Prefetcher(self.app, PrefetchPlanner(estimator))
-        return self._config
+    def _ready(self, scope: Scope) -> _Setup:
+        if self._setup is None:
+            state = getattr(scope.get("app"), "state", None)
+            config = connector_config(state)
+            keys = ApiKeys(state)
+            prefetcher = None
+            if config is not None and config.prefetch:
+                estimator = GapEstimator(config.estimator_config())
+                prefetcher = Prefetcher(self.app, PrefetchPlanner(estimator))
+            self._setup = _Setup(
+                config,
+                keys,
+                Tenancy(config) if config is not None else None,
+                RateLimit(config.control_rate) if config and config.control_rate > 0 else None,
+                prefetcher,
+            )
+            if config is not None:
+                _warn_about(config, keys)
+        return self._setup
 
     # -- inference requests
 
     def _rewrite(
-        self, scope: Scope, headers: dict[str, str], body: bytes
+        self, config: ExtensionConfig | None, tenant: str | None, scope: Scope, body: bytes
     ) -> tuple[bytes, Branch | None]:
         """The body to forward (``body`` itself unless hints or reserved keys
         changed it) and the branch of its lowered hints."""
-        config = self._extension(scope)
-        inference = scope["path"] in INFERENCE_PATHS
-        salted = inference and config is not None and config.salt_per_tenant
+        inference = _route(scope) in INFERENCE_PATHS
+        salted = config is not None and config.salt_per_tenant and tenant is not None
+        headers = combine_field_lines(
+            (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
+        )
         has_header = _HEADER in headers or any(h in headers for h in _INTEROP_HEADERS)
         marked = _may_carry_hints(body)
         if not (salted or has_header or marked):
@@ -148,10 +256,13 @@ class AgentHintsMiddleware:
             payload = {} if splice else json.loads(body)
         except ValueError:
             return body, None  # vLLM answers malformed JSON itself
+        except RecursionError:
+            # vLLM's own decoder might get further, with keys this one never saw.
+            raise _Refused(400, "too_deep", "JSON body nested too deeply") from None
         if not isinstance(payload, dict):
             return body, None
         hints = None
-        if inference:
+        if inference and config is not None:
             hints, errors = resolve_hints(headers, payload)
             for source, error in errors:
                 PARSE_ERRORS.labels(source, error.code).inc()
@@ -161,8 +272,8 @@ class AgentHintsMiddleware:
             for key in RESERVED_KEYS:
                 changed |= transfer.pop(key, None) is not None
         branch = None
-        tenant = resolve_tenant(headers, config.tenant_header) if config is not None else None
-        if salted and tenant is not None:
+        if salted:
+            assert tenant is not None
             client_salt = payload.get("cache_salt")
             if client_salt is None or isinstance(client_salt, str):  # else vLLM rejects it
                 payload["cache_salt"] = f"{tenant}/{client_salt}" if client_salt else tenant
@@ -177,17 +288,28 @@ class AgentHintsMiddleware:
             changed = True
         if not changed:
             return body, branch
-        return (_splice(body, payload) if splice else json.dumps(payload).encode()), branch
+        try:
+            return (_splice(body, payload) if splice else json.dumps(payload).encode()), branch
+        except RecursionError:
+            raise _Refused(400, "too_deep", "JSON body nested too deeply") from None
 
     # -- control endpoint
 
     async def _control(
-        self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send
+        self, setup: _Setup, tenant: str, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        config = self._extension(scope)
-        if config is None:
+        if setup.config is None:
             await _json(
                 send, 404, _error("not_enabled", "the agent-hints connector is not enabled")
+            )
+            return
+        if setup.limit is not None and (wait := setup.limit.take(tenant)) > 0:
+            REFUSED.labels("rate_limited").inc()
+            await _json(
+                send,
+                429,
+                _error("rate_limited", "too many control requests; retry later"),
+                [(b"retry-after", str(math.ceil(wait)).encode())],
             )
             return
         body = await _read_body(receive, limit=MAX_CONTROL_BYTES)
@@ -196,10 +318,14 @@ class AgentHintsMiddleware:
             return
         try:
             sid, events = parse_control(json.loads(body))
-        except ValueError as e:  # HintError, and JSON errors
+        except (ValueError, RecursionError) as e:  # HintError, and JSON errors
             code = e.code if isinstance(e, HintError) else "syntax"
-            await _json(send, 400, _error(str(code), str(e)))
+            message = str(e) if isinstance(e, ValueError) else "JSON nested too deeply"
+            await _json(send, 400, _error(str(code), message))
             return
+        # SPEC 6.4, untrusted mode: "accepted" for every valid event, "rejected"
+        # with its validation code otherwise; nothing depends on engine state
+        # or on the server's caps.
         results: list[EventResult] = []
         accepted: list[dict[str, Any]] = []
         for index, event in enumerate(events):
@@ -209,24 +335,49 @@ class AgentHintsMiddleware:
             else:
                 kind = event.type
                 accepted.append(event.model_dump(exclude_none=True))
-                clipped = (
-                    isinstance(event, ToolStart)
-                    and event.eta is not None
-                    and event.eta > config.ttl_cap_s
-                )
-                result = (
-                    EventResult(index=index, outcome=Outcome.CLIPPED, reason="ttl_capped")
-                    if clipped
-                    else EventResult(index=index, outcome=Outcome.ACCEPTED)
-                )
+                result = EventResult(index=index, outcome=Outcome.ACCEPTED)
             CONTROL_EVENTS.labels(kind, result.outcome).inc()
             results.append(result)
         if accepted:
-            tenant = resolve_tenant(headers, config.tenant_header)
             await send_control(scope["app"].state, tenant, sid, accepted)
-            if self._prefetcher is not None:
-                self._prefetcher.control(tenant, sid, events)
+            if setup.prefetcher is not None:
+                setup.prefetcher.control(tenant, sid, events)
         await _json(send, 200, ControlResponse(results=results).model_dump(exclude_none=True))
+
+
+def _warn_about(config: ExtensionConfig, keys: ApiKeys) -> None:
+    """Log, once at start-up, the settings under which tenants are not isolated."""
+    if not keys.configured and config.tenant_header is None:
+        logger.warning(
+            "agent-hints: no --api-key and no tenant_header: a client's tenant is "
+            "whatever Authorization it sends, unchecked, and every client without "
+            "one shares the tenant %r; per-tenant budgets and session scoping then "
+            "hold only among honest clients (docs/security.md)",
+            DEFAULT_TENANT,
+        )
+    if not config.salt_per_tenant:
+        logger.warning(
+            "agent-hints: salt_per_tenant is off: tenants share prefix-cache "
+            "entries, and each can time guesses of another's prompts (SPEC 8.2)"
+        )
+
+
+def _route(scope: Scope) -> str:
+    """The path below ``--root-path``, as vLLM's routing and auth match it."""
+    return str(scope["path"]).removeprefix(scope.get("root_path", ""))
+
+
+def _peer(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return str(client[0]) if client else None
+
+
+def _without_header(scope: Scope, name: bytes) -> Scope:
+    if all(k != name for k, _ in scope["headers"]):
+        return scope
+    scope = dict(scope)
+    scope["headers"] = [(k, v) for k, v in scope["headers"] if k != name]
+    return scope
 
 
 def _may_carry_hints(body: bytes) -> bool:
@@ -252,10 +403,6 @@ def _splice(body: bytes, members: dict[str, Any]) -> bytes:
     rest = body[start:]
     comma = b"" if rest.lstrip()[:1] == b"}" else b","
     return body[:start] + json.dumps(members)[1:-1].encode() + comma + rest
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
 @overload
@@ -284,7 +431,12 @@ def _error(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
 
-async def _json(send: Send, status: int, payload: dict[str, Any]) -> None:
+async def _json(
+    send: Send,
+    status: int,
+    payload: dict[str, Any],
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     data = json.dumps(payload).encode()
     await send(
         {
@@ -293,6 +445,7 @@ async def _json(send: Send, status: int, payload: dict[str, Any]) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(data)).encode()),
+                *(headers or []),
             ],
         }
     )

@@ -379,7 +379,7 @@ def test_middleware_owns_a_prefetcher_when_enabled() -> None:
 
         prompt = {"model": "m", "prompt": [1, 2], "max_tokens": 9}
         await call("/v1/completions", prompt, 'v=1, sid="w", gap=0.1')
-        prefetcher = middleware._prefetcher
+        prefetcher = middleware.prefetcher
         assert prefetcher is not None
         for _ in range(50):
             if app.warmups:

@@ -76,6 +76,7 @@ def call(
         "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
         + [(b"content-length", str(len(body)).encode())],
         "app": harness.app,
+        "client": ("127.0.0.1", 50000),
     }
     chunks = [body[:7], body[7:]]  # a body in two chunks
     sent: list[Message] = []
@@ -98,10 +99,17 @@ def completion(**extra: object) -> bytes:
 
 
 def test_unhinted_body_passes_through_byte_for_byte() -> None:
-    harness, seen, _ = make_app()
+    harness, seen, _ = make_app(salt_per_tenant=False)
     body = b'{"model":"m",  "prompt":"hi"}'
     assert call(harness, "/v1/completions", body)[0] == 200
     assert seen == [body]
+
+
+def test_an_unhinted_body_is_salted_by_default_without_being_decoded() -> None:
+    harness, seen, _ = make_app()
+    body = b'{"model":"m",  "prompt":"hi"}'
+    assert call(harness, "/v1/completions", body)[0] == 200
+    assert seen == [b'{"cache_salt": "default",' + body[1:]]
 
 
 def test_header_hint_is_lowered_into_session_id_and_transfer_params() -> None:
@@ -215,7 +223,7 @@ def test_reserved_keys_cannot_be_smuggled_past_the_byte_scan(
     assert json.loads(seen[0])["kv_transfer_params"] == {}
 
 
-def test_salt_per_tenant_salts_every_inference_request() -> None:
+def test_salt_per_tenant_salts_every_request() -> None:
     harness, seen, _ = make_app(salt_per_tenant=True, tenant_header="X-Tenant")
     acme = {"X-Tenant": "acme"}
     call(harness, "/v1/completions", completion(), acme)  # unhinted
@@ -230,10 +238,10 @@ def test_salt_per_tenant_salts_every_inference_request() -> None:
     # Another tenant that names acme's salt still gets its own cache.
     call(harness, "/v1/completions", completion(cache_salt=tenant), {"X-Tenant": "evil"})
     assert json.loads(seen[4])["cache_salt"] != tenant
-    # Only the inference routes are salted.
-    body = json.dumps({"input": "x"}).encode()
-    call(harness, "/v1/embeddings", body, acme)
-    assert seen[5] == body
+    # Every route is salted: any of them may reach the engine's prefix cache.
+    for path in ("/v1/embeddings", "/v1/messages", "/inference/v1/generate", "/invocations"):
+        call(harness, path, json.dumps({"input": "x"}).encode(), acme)
+        assert json.loads(seen[-1])["cache_salt"] == tenant
 
 
 def test_tenant_comes_from_the_api_key_or_a_trusted_gateway_header() -> None:
@@ -281,7 +289,7 @@ def test_control_endpoint_validates_per_event_and_forwards_to_the_engine() -> No
     assert status == 200
     assert json.loads(data)["results"] == [
         {"index": 0, "outcome": "accepted"},
-        {"index": 1, "outcome": "clipped", "reason": "ttl_capped"},
+        {"index": 1, "outcome": "accepted"},  # capped, but untrusted clients see no caps
         {"index": 2, "outcome": "rejected", "reason": "out_of_range"},
         {"index": 3, "outcome": "accepted"},
     ]

@@ -1,0 +1,390 @@
+"""Attacks on the extension, each asserted to have no effect (docs/security.md).
+
+Most run in-process against vLLM's own middleware stack: a FastAPI app whose
+middleware vLLM's ``init_entrypoints_middleware`` installs exactly as a server
+started with ``--api-key ... --middleware server_ext.AgentHintsMiddleware``
+does, in front of recording routes that stand in for the engine. The last
+section repeats the API-server attacks against a real CPU server.
+
+Sections follow docs/security.md; each is self-contained, so more can be added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from vllm.entrypoints.serve.middleware.register import init_entrypoints_middleware
+
+from hints_spec import CONTROL_PATH, AgentHints
+from server_ext import LocalServer, local_server
+
+KEYS = ("sk-alice", "sk-bob")
+ALICE = {"Authorization": "Bearer sk-alice"}
+BOB = {"Authorization": "Bearer sk-bob"}
+# Routes of vLLM that reach the engine (a stand-in records what each one got).
+ENGINE_ROUTES = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/inference/v1/generate",
+    "/invocations",
+)
+
+
+@dataclass
+class Engine:
+    """What reached the stand-in routes and the engine client."""
+
+    bodies: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    control: list[dict[str, Any]] = field(default_factory=list)
+
+    async def notify_kv_transfer_request_rejected(
+        self, request_id: str, params: dict[str, Any]
+    ) -> None:
+        self.control.append(params["agent_hints_control"])
+
+    def transfer(self, index: int = -1) -> dict[str, Any]:
+        params: dict[str, Any] = self.bodies[index][1].get("kv_transfer_params", {})
+        return params
+
+
+def vllm_app(
+    api_keys: tuple[str, ...] | None = KEYS, root_path: str = "", **extra: object
+) -> tuple[FastAPI, Engine]:
+    """vLLM's middleware stack with the extension, over recording routes."""
+    engine = Engine()
+    app = FastAPI()
+    args = argparse.Namespace(
+        api_key=list(api_keys) if api_keys else None,
+        allowed_origins=["*"],
+        allow_credentials=False,
+        allowed_methods=["*"],
+        allowed_headers=["*"],
+        enable_request_id_headers=False,
+        middleware=["server_ext.AgentHintsMiddleware"],
+        root_path=root_path,
+    )
+    app.state.args = args
+    app.root_path = root_path
+    transfer = SimpleNamespace(
+        kv_connector="AgentHintsConnector", kv_connector_extra_config=dict(extra)
+    )
+    app.state.vllm_config = SimpleNamespace(kv_transfer_config=transfer)
+    app.state.engine_client = engine
+
+    async def record(request: Request) -> dict[str, Any]:
+        engine.bodies.append((request.url.path, await request.json()))
+        return {}
+
+    for path in ENGINE_ROUTES:
+        app.add_api_route(path, record, methods=["POST"])
+    init_entrypoints_middleware(args, app, ())
+    return app, engine
+
+
+def client(app: FastAPI, peer: str = "127.0.0.1") -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app, client=(peer, 40000))
+    return httpx.AsyncClient(transport=transport, base_url="http://vllm")
+
+
+def post(
+    app: FastAPI,
+    path: str,
+    body: object,
+    headers: dict[str, str] | list[tuple[str, str]] | None = None,
+    peer: str = "127.0.0.1",
+) -> httpx.Response:
+    async def go() -> httpx.Response:
+        async with client(app, peer) as c:
+            return await c.post(path, json=body, headers=headers)
+
+    return asyncio.run(go())
+
+
+def events(sid: str, *items: dict[str, object]) -> dict[str, object]:
+    return {"v": 1, "sid": sid, "events": list(items) or [{"type": "end"}]}
+
+
+HINT = {"Agent-Hints": 'v=1, sid="s1", gap=5'}
+PROMPT = {"model": "m", "prompt": [1, 2, 3]}
+
+
+# ---------------------------------------------------------------- 1. authentication
+
+
+def test_a_control_post_without_a_key_is_refused_by_vllm_and_reaches_no_engine() -> None:
+    app, engine = vllm_app()
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sk-alice"}):
+        response = post(app, CONTROL_PATH, events("s1"), headers)
+        assert response.status_code == 401 and response.json() == {"error": "Unauthorized"}
+    assert engine.control == []
+    assert post(app, CONTROL_PATH, events("s1"), ALICE).status_code == 200
+    assert len(engine.control) == 1
+
+
+def test_an_unauthenticated_body_is_not_read_at_all() -> None:
+    app, engine = vllm_app()
+    pulled = 0
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal pulled
+        for _ in range(44):  # 44 MB, a megabyte at a time
+            pulled += 1
+            yield b"[" * (1 << 20)
+
+    async def go() -> httpx.Response:
+        async with client(app) as c:
+            return await c.post("/v1/completions", content=body(), headers=HINT)
+
+    assert asyncio.run(go()).status_code == 401
+    assert pulled <= 1 and engine.bodies == []  # httpx may start the first chunk
+
+
+def test_an_unauthenticated_hinted_request_on_a_guarded_route_is_refused() -> None:
+    app, engine = vllm_app()
+    response = post(app, "/v1/completions", PROMPT, {**HINT, "Authorization": "Bearer guess"})
+    assert response.status_code == 401 and engine.bodies == []
+
+
+def test_the_tenant_is_the_first_authorization_line_the_one_vllm_checked() -> None:
+    app, engine = vllm_app()
+    lines = [("Authorization", "Bearer sk-alice"), ("Authorization", "Bearer made-up-42")]
+    assert post(app, "/v1/completions", PROMPT, [*HINT.items(), *lines]).status_code == 200
+    post(app, "/v1/completions", PROMPT, {**HINT, **ALICE})
+    forged, alice = engine.transfer(0), engine.transfer(1)
+    assert forged["agent_hints_tenant"] == alice["agent_hints_tenant"]
+
+
+def test_an_unchecked_key_names_no_tenant_on_a_route_vllm_leaves_open() -> None:
+    # vLLM guards /v1, /v2, /inference only: /invocations is served without a key.
+    app, engine = vllm_app()
+    post(app, "/invocations", PROMPT, {"Authorization": "Bearer invented"})
+    post(app, "/invocations", PROMPT, ALICE)
+    assert engine.bodies[0][1]["cache_salt"] == "default"
+    assert engine.bodies[1][1]["cache_salt"].startswith("key:")
+
+
+def test_a_gateway_tenant_header_is_refused_from_anyone_but_the_gateway() -> None:
+    app, engine = vllm_app(tenant_header="X-Tenant", tenant_header_peers="10.0.0.7")
+    bob_org = {**BOB, "X-Tenant": "bob-org"}
+    for peer in ("127.0.0.1", "10.0.0.8"):
+        for path in (CONTROL_PATH, "/v1/completions"):
+            response = post(app, path, events("s1") if path == CONTROL_PATH else PROMPT,
+                            {**HINT, **bob_org}, peer)  # fmt: skip
+            assert response.status_code == 403
+            assert response.json()["error"]["code"] == "untrusted_tenant"
+    assert engine.control == [] and engine.bodies == []
+    post(app, "/v1/completions", PROMPT, {**HINT, **bob_org}, peer="10.0.0.7")
+    assert engine.transfer()["agent_hints_tenant"].startswith("gw:")
+    # Without the header a direct client is its key's tenant, as before.
+    post(app, "/v1/completions", PROMPT, {**HINT, **BOB}, peer="10.0.0.8")
+    assert engine.transfer()["agent_hints_tenant"].startswith("key:")
+
+
+def test_a_gateway_secret_is_needed_besides_the_peer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_HINTS_GATEWAY_SECRET", "s3cret")
+    app, engine = vllm_app(tenant_header="X-Tenant", gateway_secret_header="X-Gateway-Secret")
+    org = {**BOB, "X-Tenant": "bob-org"}
+    for secret in (None, "guess", "s3cret, s3cret"):
+        headers = org if secret is None else {**org, "X-Gateway-Secret": secret}
+        assert post(app, "/v1/completions", PROMPT, {**HINT, **headers}).status_code == 403
+    ok = post(app, "/v1/completions", PROMPT, {**HINT, **org, "X-Gateway-Secret": "s3cret"})
+    assert ok.status_code == 200 and engine.transfer()["agent_hints_tenant"].startswith("gw:")
+    # Nothing after the middleware sees the secret.
+    assert "s3cret" not in json.dumps(engine.bodies)
+
+
+def test_the_tenant_header_given_twice_is_refused() -> None:
+    app, _ = vllm_app(tenant_header="X-Tenant")
+    lines = [*ALICE.items(), ("X-Tenant", "acme"), ("X-Tenant", "bob-org")]
+    assert post(app, "/v1/completions", PROMPT, lines).status_code == 403
+
+
+def test_the_control_endpoint_is_rate_limited_per_tenant() -> None:
+    app, engine = vllm_app(control_rate=2)  # bursts of 4
+
+    async def burst(headers: dict[str, str], n: int) -> list[int]:
+        async with client(app) as c:
+            return [
+                (await c.post(CONTROL_PATH, json=events("s1"), headers=headers)).status_code
+                for _ in range(n)
+            ]
+
+    alice = asyncio.run(burst(ALICE, 8))
+    assert alice[:4] == [200] * 4 and 429 in alice[4:]
+    assert asyncio.run(burst(BOB, 1)) == [200]  # another tenant is not slowed
+    assert len(engine.control) == alice.count(200) + 1
+
+
+def test_a_warning_at_start_up_when_every_client_names_its_own_tenant(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def startup(app: FastAPI) -> str:
+        caplog.clear()
+
+        async def lifespan() -> None:
+            messages = iter([{"type": "lifespan.startup"}])
+
+            async def receive() -> dict[str, str]:
+                try:
+                    return next(messages)
+                except StopIteration:
+                    await asyncio.Event().wait()
+                    raise
+
+            async def send(message: dict[str, object]) -> None:
+                if message["type"] == "lifespan.startup.complete":
+                    raise asyncio.CancelledError
+
+            with caplog.at_level(logging.WARNING), pytest.raises(asyncio.CancelledError):
+                await app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+
+        asyncio.run(lifespan())
+        return caplog.text
+
+    assert "no --api-key and no tenant_header" in startup(vllm_app(api_keys=None)[0])
+    assert "no --api-key" not in startup(vllm_app()[0])
+    assert "no --api-key" not in startup(vllm_app(api_keys=None, tenant_header="X-T")[0])
+
+
+# ---------------------------------------------------------------- 2. cache isolation
+
+
+@pytest.mark.parametrize("path", ENGINE_ROUTES)
+def test_every_route_to_the_engine_is_salted_per_tenant_by_default(path: str) -> None:
+    app, engine = vllm_app()
+    post(app, path, {**PROMPT, "cache_salt": "victim-salt"}, BOB)
+    salt = engine.bodies[-1][1]["cache_salt"]
+    assert salt.startswith("key:") and salt.endswith("/victim-salt")
+
+
+def test_the_root_path_keeps_hints_salt_and_the_control_endpoint() -> None:
+    app, engine = vllm_app(root_path="/api")
+    for prefix in ("/api", ""):  # through a proxy that keeps or strips the prefix
+        assert post(app, prefix + "/v1/completions", PROMPT, {**HINT, **ALICE}).is_success
+        transfer = engine.transfer()
+        assert transfer["agent_hints"] == AgentHints(sid="s1", gap=5).normalized()
+        assert engine.bodies[-1][1]["cache_salt"] == transfer["agent_hints_tenant"]
+        response = post(app, prefix + CONTROL_PATH, events("s1"), ALICE)
+        assert response.status_code == 200 and response.json()["results"][0]["outcome"]
+    assert len(engine.control) == 2
+    assert post(app, "/api" + CONTROL_PATH, events("s1")).status_code == 401
+
+
+# ---------------------------------------------------------------- 3. no oracle
+
+
+def test_control_outcomes_reveal_no_cap() -> None:
+    app, _ = vllm_app(ttl_cap_s=100)
+    start = {"type": "tool_start", "tool": "bash", "eta": 5000}
+    response = post(app, CONTROL_PATH, events("s1", start), ALICE)
+    assert response.json()["results"] == [{"index": 0, "outcome": "accepted"}]
+
+
+# ---------------------------------------------------------------- 5. parsing
+
+
+def test_deeply_nested_json_is_a_clean_400_not_a_500() -> None:
+    app, engine = vllm_app()
+    nested = b'{"kv_transfer_params": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
+
+    async def go(path: str) -> httpx.Response:
+        async with client(app) as c:
+            return await c.post(path, content=nested, headers=ALICE)
+
+    for path in ("/v1/completions", CONTROL_PATH):
+        response = asyncio.run(go(path))
+        assert response.status_code == 400, response.text
+        assert "Traceback" not in response.text and response.json()["error"]
+    assert engine.bodies == [] and engine.control == []
+
+
+def test_several_agent_hints_lines_are_combined() -> None:
+    app, engine = vllm_app()
+    lines = [*ALICE.items(), ("Agent-Hints", 'v=1, sid="s1"'), ("Agent-Hints", "gap=5, ttl=60")]
+    post(app, "/v1/completions", PROMPT, lines)
+    assert engine.transfer()["agent_hints"] == AgentHints(sid="s1", gap=5, ttl=60).normalized()
+
+
+# ---------------------------------------------------------------- 6. the real server
+
+
+@pytest.fixture(scope="module")
+def keyed_server(
+    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
+    """The extension behind ``--api-key``, a gateway header trusted from a
+    peer that is not this host, and a low control rate."""
+    with local_server(
+        test_model_dir,
+        kv_blocks=64,
+        max_model_len=2048,
+        args=["--api-key", KEYS[0], KEYS[1]],
+        extra_config={
+            "tenant_header": "X-Tenant",
+            "tenant_header_peers": "192.0.2.1",
+            "control_rate": 2,
+            "max_tenant_fraction": 1.0,
+        },
+        log_dir=tmp_path_factory.mktemp("keyed-logs"),
+    ) as server:
+        yield server
+
+
+def _complete(server: LocalServer, prompt: list[int], headers: dict[str, str]) -> int:
+    """A 1-token completion; its cached prompt tokens."""
+    status, reply = server.post_json(
+        "/v1/completions",
+        {"model": server.model, "prompt": prompt, "max_tokens": 1},
+        headers,
+    )
+    assert status == 200, reply
+    assert isinstance(reply, dict)
+    return int((reply["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def _held(server: LocalServer) -> float:
+    return server.metrics().get("agent_hints_held_blocks", 0.0)
+
+
+@pytest.mark.server
+def test_real_server_refuses_every_api_server_attack(keyed_server: LocalServer) -> None:
+    server = keyed_server
+    prompt = list(range(100, 100 + 640))  # 10 blocks
+    # Alice's session is retained.
+    hint = {"Agent-Hints": 'v=1, sid="alice-1", gap=300'}
+    _complete(server, prompt, {**ALICE, **hint})
+    deadline = 50
+    while _held(server) < 10 and deadline:
+        deadline -= 1
+        _complete(server, [7], ALICE)  # an engine step publishes the gauge
+    assert _held(server) >= 10
+    # No key: refused by vLLM, nothing ends.
+    assert server.post_json(CONTROL_PATH, events("alice-1"))[0] == 401
+    assert server.post_json(CONTROL_PATH, events("alice-1"), {"X-Tenant": "x"})[0] == 401
+    # A key plus the gateway's header, from this host (not the gateway): refused.
+    status, reply = server.post_json(CONTROL_PATH, events("alice-1"), {**BOB, "X-Tenant": "a"})
+    assert (status, reply) == (403, {"error": reply["error"]}) and reply["error"]["code"]
+    # Bob cannot end Alice's session, whatever he sends: his own tenant.
+    assert server.post_json(CONTROL_PATH, events("alice-1"), BOB)[0] == 200
+    _complete(server, [7], BOB)
+    assert _held(server) >= 10
+    # Bob sharing Alice's prefix (and naming a salt) gets none of her cache.
+    assert _complete(server, prompt, {**BOB, **hint}) == 0
+    assert _complete(server, prompt, ALICE) >= 576  # hers still is
+    # The control endpoint is rate-limited (bursts of 4 at 2/s).
+    codes = [server.post_json(CONTROL_PATH, events("b", {"type": "tool_end"}), BOB)[0]
+             for _ in range(8)]  # fmt: skip
+    assert 429 in codes
