@@ -250,6 +250,11 @@ _COUNTERS = {
     "tier_save_failures": "KV blocks the tier could not store",
     "tier_shared_blocks": "KV blocks found in the shared store that this engine had not stored",
 }
+_STATE_COUNTERS = ("ends", "returns", "replacements", "clipped", "rejected")
+"""Counters that move, per event or request, with whether the session a client
+named is retained: a `tool_end` for a guessed id moves ``rejected`` only when
+nothing is retained. ``/metrics`` is open to anyone, so they are exported only
+with ``state_metrics`` (for operators who restrict ``/metrics``)."""
 # The scheduler waits on a shared-store lookup; a normal one takes under 1 ms.
 _PROBE_TIMEOUT_S = 0.05
 # Stats entries that feed agent_hints_tier_bytes_moved: name -> direction label.
@@ -267,11 +272,15 @@ class AgentHintsPromMetrics(KVConnectorPromMetrics):
         per_engine_labelvalues: dict[int, list[object]],
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        extra = getattr(self._kv_transfer_config, "kv_connector_extra_config", None)
+        hidden = () if ExtensionConfig.from_mapping(extra).state_metrics else _STATE_COUNTERS
         self._series: dict[str, dict[int, Any]] = {}
         for name, doc in _GAUGES.items():
             gauge = self._gauge_cls(f"agent_hints_{name}", doc, labelnames=labelnames)
             self._series[name] = self._per_engine(gauge)
         for name, doc in _COUNTERS.items():
+            if name in hidden:
+                continue
             counter = self._counter_cls(f"agent_hints_{name}", doc, labelnames=labelnames)
             self._series[name] = self._per_engine(counter)
         moved = self._counter_cls(

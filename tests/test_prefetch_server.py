@@ -38,7 +38,7 @@ def server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         test_model_dir,
         kv_blocks=48,
         max_model_len=2048,
-        extra_config={"prefetch": True, "max_held_fraction": 0.2},
+        extra_config={"prefetch": True, "max_held_fraction": 0.2, "state_metrics": True},
         args=["--max-num-batched-tokens", "128"],
         log_dir=tmp_path_factory.mktemp("prefetch-logs"),
     ) as server:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator
@@ -291,6 +292,32 @@ def test_control_outcomes_reveal_no_cap() -> None:
     start = {"type": "tool_start", "tool": "bash", "eta": 5000}
     response = post(app, CONTROL_PATH, events("s1", start), ALICE)
     assert response.json()["results"] == [{"index": 0, "outcome": "accepted"}]
+
+
+def _exported(**extra: object) -> set[str]:
+    """The series the connector exports after observing every kind of stat."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from server_ext._vllm import _COUNTERS, _GAUGES, AgentHintsPromMetrics
+
+    registry = CollectorRegistry()
+    types = {
+        kind: functools.partial(kind, registry=registry) for kind in (Counter, Gauge, Histogram)
+    }
+    config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra))
+    metrics = AgentHintsPromMetrics(config, types, ["engine"], {0: ["0"]})  # type: ignore[arg-type]
+    metrics.observe(dict.fromkeys([*_COUNTERS, *_GAUGES], 1))
+    return {sample.name for family in registry.collect() for sample in family.samples}
+
+
+def test_metrics_that_answer_a_guessed_session_id_are_opt_in() -> None:
+    # A tool_end for a guessed sid moves "rejected" only when nothing is
+    # retained, an end moves "ends" only when something was: /metrics is open.
+    oracle = {f"agent_hints_{name}_total" for name in ("rejected", "ends", "returns")}
+    default = _exported()
+    assert not oracle & default
+    assert {"agent_hints_held_blocks", "agent_hints_holds_total"} <= default
+    assert oracle <= _exported(state_metrics=True)
 
 
 # ---------------------------------------------------------------- 5. parsing
