@@ -20,6 +20,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
 from hints_spec import BODY_FIELD, AgentHints, HintError, parse_body, to_vllm_fields
@@ -57,6 +58,7 @@ __all__ = [
     "Progress",
     "control_params",
     "hint_params",
+    "read_control",
     "read_hint_params",
 ]
 
@@ -119,15 +121,16 @@ class HintedParams(NamedTuple):
     prefetch: bool
 
 
-def read_hint_params(params: Mapping[str, Any] | None) -> HintedParams | None:
-    """The hint, tenant and warm-up flag of a request, or None if it has no
-    usable hint (no session, or not lowered by the middleware).
+def read_hint_params(params: object) -> HintedParams | None:
+    """The hint, tenant and warm-up flag of a request's ``kv_transfer_params``
+    (anything a client could make it), or None if it has no usable hint (no
+    session, not lowered by the middleware, not even a mapping).
 
     The hint is validated again with the codec (a few microseconds): the
     middleware lowers only valid hints, but the engine must not trust its
     input to keep its block accounting whole.
     """
-    if not params:
+    if not isinstance(params, Mapping) or not params:
         return None
     raw, tenant = params.get(HINTS_KEY), params.get(TENANT_KEY)
     if not isinstance(tenant, str):
@@ -146,6 +149,14 @@ def control_params(
 ) -> dict[str, object]:
     """The ``kv_transfer_params`` of a control message (no inference)."""
     return {CONTROL_KEY: {"tenant": tenant, "sid": sid, "events": [dict(e) for e in events]}}
+
+
+def read_control(params: object) -> Mapping[str, Any] | None:
+    """The control message in a request's ``kv_transfer_params``, if it is one."""
+    if not isinstance(params, Mapping):
+        return None
+    control = params.get(CONTROL_KEY)
+    return control if isinstance(control, Mapping) else None
 
 
 class BlockPort(Protocol):
@@ -193,10 +204,6 @@ class _Unknown:
 _UNKNOWN = _Unknown()
 
 
-def _prefilling(progress: Progress) -> bool:
-    return progress.num_computed_tokens < progress.num_prompt_tokens
-
-
 def _control_event(raw: Mapping[str, Any]) -> ControlEvent | None:
     kind = raw.get("type")
     if kind == "tool_start":
@@ -210,14 +217,26 @@ def _control_event(raw: Mapping[str, Any]) -> ControlEvent | None:
     return None
 
 
-class _Tracked(NamedTuple):
-    """A hinted request in flight: its branch, its hints, whether it is a
-    warm-up, and whether that warm-up is obsolete (retains nothing)."""
+@dataclass(slots=True)
+class _InFlight:
+    """One request from arrival to finish (control messages are not tracked).
 
-    key: BranchKey
-    hints: BranchHints
-    prefetch: bool
+    ``key`` and ``hints`` are set for a request with a usable hint;
+    ``warmup`` marks the prefetcher's own (not real work, not the branch's
+    return); ``obsolete``, a warm-up whose branch ended or came back (it
+    retains nothing); ``running``, admitted by the scheduler.
+    """
+
+    progress: Progress
+    key: BranchKey | None = None
+    hints: BranchHints | None = None
+    warmup: bool = False
     obsolete: bool = False
+    running: bool = False
+
+    @property
+    def prefilling(self) -> bool:
+        return self.progress.num_computed_tokens < self.progress.num_prompt_tokens
 
 
 class EngineRetention:
@@ -250,14 +269,12 @@ class EngineRetention:
         self._pool = pool
         self._gate = gate
         self._clock = clock
-        # Requests seen by ``request_added`` whose branch may be retained.
-        self._keys: dict[str, _Tracked] = {}
-        # Requests from arrival to finish, hinted or not, but for warm-ups and
-        # control messages, with their progress; and the warm-ups among ``_keys``.
-        self._real: dict[str, Progress] = {}
-        self._warmups: set[str] = set()
-        # The requests among ``_real`` that the scheduler admitted.
-        self._running: set[str] = set()
+        # Every request from arrival to finish, and how many of them are real
+        # (not warm-ups) and, of those, running; and how many are warm-ups.
+        self._requests: dict[str, _InFlight] = {}
+        self._real = 0
+        self._real_running = 0
+        self._warmups = 0
         # Whether running warm-ups sit out the next engine step: vLLM schedules
         # running requests before waiting ones, so a warm-up's next prefill
         # chunk would take the step's token budget ahead of a real request.
@@ -289,30 +306,32 @@ class EngineRetention:
     def request_added(
         self,
         request_id: str,
-        params: Mapping[str, Any] | None,
+        params: object,
         prompt_blocks: int = 0,
         progress: Progress = _UNKNOWN,
     ) -> bool:
         """Register a request of ``prompt_blocks`` full blocks whose prefill
-        advances in ``progress``; False when it carries no usable hint
-        (warm-ups still give way to its prefill)."""
-        if params is not None and CONTROL_KEY in params:
+        advances in ``progress`` (``params``: its ``kv_transfer_params``);
+        False when it carries no usable hint (warm-ups still give way to its
+        prefill)."""
+        if read_control(params) is not None:
             return False
         read = read_hint_params(params)
+        entry = self._requests[request_id] = _InFlight(progress)
         if read is None or not read.prefetch:
-            self._real[request_id] = progress
+            self._real += 1
             self.warmups_yield = True
         if read is None:
             return False
         hints = read.hints
         assert hints.sid is not None  # read_hint_params' promise
-        key = BranchKey(read.tenant, hints.sid, hints.br or ROOT)
-        branch_hints = BranchHints(
+        key = entry.key = BranchKey(read.tenant, hints.sid, hints.br or ROOT)
+        entry.hints = BranchHints(
             gap=hints.gap, ttl=hints.ttl, end=hints.end, prio=hints.prio, pbr=hints.pbr
         )
-        self._keys[request_id] = _Tracked(key, branch_hints, read.prefetch)
         if read.prefetch:
-            self._warmups.add(request_id)
+            entry.warmup = True
+            self._warmups += 1
         else:
             self.policy.on_request_arrived(key)
             if self._gate is not None:
@@ -342,39 +361,43 @@ class EngineRetention:
         left in the queue unable to allocate would hold up every real request
         behind it.)
         """
-        entry = self._keys.get(request_id)
-        if entry is None:
+        entry = self._requests.get(request_id)
+        if entry is None or entry.key is None:
             return False
+        key = entry.key
         now, uncached_blocks = self._clock(), max(uncached_blocks, 0)
-        if entry.prefetch:
-            return self._warmup_waits(entry, uncached_blocks, now)
+        if entry.warmup:
+            return self._warmup_waits(entry, key, uncached_blocks, now)
         if self._gate is None:
             return False
 
         def return_due(within_s: float) -> bool:
-            return bool(self._running) and self.policy.return_due(now, within_s, entry.key)
+            return self._real_running > 0 and self.policy.return_due(now, within_s, key)
 
         return self._gate.defer(request_id, uncached_blocks, now, return_due)
 
-    def _warmup_waits(self, warmup: _Tracked, uncached_blocks: int, now: float) -> bool:
+    def _warmup_waits(
+        self, warmup: _InFlight, key: BranchKey, uncached_blocks: int, now: float
+    ) -> bool:
         if self._real and (
-            not self.policy.warmups_take_room or any(map(_prefilling, self._real.values()))
+            not self.policy.warmups_take_room
+            or any(r.prefilling for r in self._requests.values() if not r.warmup)
         ):
             return True
         short = uncached_blocks - self._pool.free_blocks()
         if short <= 0:
             return False
-        due = self._warmup_due(warmup, now)
-        return due is None or short > self.policy.releasable_for(due, now, warmup.key)
+        due = self._warmup_due(warmup, key, now)
+        return due is None or short > self.policy.releasable_for(due, now, key)
 
-    def _warmup_due(self, warmup: _Tracked, now: float) -> float | None:
+    def _warmup_due(self, warmup: _InFlight, key: BranchKey, now: float) -> float | None:
         """When a warm-up's branch is expected back; None when the warm-up may
         use free blocks but take none from a retention: it is obsolete, its
         branch ended or already came back, or recent warm-ups were mostly
         wasted (``RetentionPolicy.warmups_take_room``)."""
         if warmup.obsolete or not self.policy.warmups_take_room:
             return None
-        return self.policy.next_return(warmup.key, now)
+        return self.policy.next_return(key, now)
 
     @_contained(None)
     def request_scheduled(self, request_id: str) -> None:
@@ -382,10 +405,14 @@ class EngineRetention:
         (a warm-up of it still running is obsolete: it is not retained)."""
         if self._gate is not None:
             self._gate.left(request_id)
-        if request_id in self._real:
-            self._running.add(request_id)
-        entry = self._keys.get(request_id)
-        if entry is not None and not entry.prefetch:
+        entry = self._requests.get(request_id)
+        if entry is None or entry.running:
+            return
+        entry.running = True
+        if entry.warmup:
+            return
+        self._real_running += 1
+        if entry.key is not None:
             self._obsolete_warmups(entry.key, session=False)
             self._apply(self.policy.on_request_started(entry.key))
 
@@ -394,20 +421,24 @@ class EngineRetention:
         """Before vLLM frees the request's blocks: retain them per the hints."""
         if self._gate is not None:
             self._gate.left(request_id)
-        self._real.pop(request_id, None)
-        self._running.discard(request_id)
-        self._warmups.discard(request_id)
-        entry = self._keys.pop(request_id, None)
-        if entry is None or entry.obsolete:
+        entry = self._requests.pop(request_id, None)
+        if entry is None:
             return
-        key, hints, prefetch, _ = entry
+        if entry.warmup:
+            self._warmups -= 1
+        else:
+            self._real -= 1
+            self._real_running -= entry.running
+        key, hints = entry.key, entry.hints
+        if key is None or hints is None or entry.obsolete:
+            return
         if hints.end:
             self._obsolete_warmups(key, session=key.br == ROOT)
         # The engine cannot see tool calls (parsing is API-side); a request that
         # names a session announces that the session continues, so it counts as
         # one that expects a return unless it says ``end``.
         decision = self.policy.on_request_finished(
-            key, block_ids, hints, tool_calls=True, departs=not prefetch
+            key, block_ids, hints, tool_calls=True, departs=not entry.warmup
         )
         self._apply(decision.actions)
 
@@ -436,9 +467,10 @@ class EngineRetention:
         (first: a fault in the policy must not leave them paused; without
         warm-ups in flight, no scan of the step), let the gate time the
         engine's steps, and release expired retentions."""
-        self.warmups_yield = bool(self._warmups) and any(
-            (progress := self._real.get(request_id)) is not None
-            and progress.num_computed_tokens + tokens < progress.num_prompt_tokens
+        self.warmups_yield = self._warmups > 0 and any(
+            (r := self._requests.get(request_id)) is not None
+            and not r.warmup
+            and r.progress.num_computed_tokens + tokens < r.progress.num_prompt_tokens
             for request_id, tokens in scheduled.items()
         )
         if self._gate is not None:
@@ -452,7 +484,8 @@ class EngineRetention:
 
     def is_warmup(self, request_id: str) -> bool:
         """Whether ``request_id`` is a prefetch warm-up this engine tracks."""
-        return request_id in self._warmups
+        entry = self._requests.get(request_id)
+        return entry is not None and entry.warmup
 
     @_contained(False)
     def make_room(self, blocks_needed: int, request_id: str | None = None) -> bool:
@@ -463,13 +496,13 @@ class EngineRetention:
         prefetch never costs a branch that returns sooner its prefix, and one
         whose branch is not expected (ended, or already back) takes none.
         """
-        entry = self._keys.get(request_id) if request_id is not None else None
-        if entry is None:
+        entry = self._requests.get(request_id) if request_id is not None else None
+        if entry is None or entry.key is None:
             actions = self.policy.make_room(max(blocks_needed, 1))
         else:
             now = self._clock()
-            due = self._warmup_due(entry, now) if entry.prefetch else None
-            if entry.prefetch and due is None:
+            due = self._warmup_due(entry, entry.key, now) if entry.warmup else None
+            if entry.warmup and due is None:
                 return False
             actions = self.policy.make_room(
                 max(blocks_needed, 1), now=now, spare=entry.key, sooner_than=due
@@ -486,11 +519,16 @@ class EngineRetention:
         """Mark the warm-ups of ``key`` in flight (of its whole session if
         ``session``) obsolete: they still give way while queued, but retain
         nothing when they finish."""
-        for request_id in self._warmups:
-            tracked = self._keys[request_id]
-            k = tracked.key
-            if k == key or (session and k.sibling(ROOT) == key):
-                self._keys[request_id] = tracked._replace(obsolete=True)
+        if not self._warmups:
+            return
+        for entry in self._requests.values():
+            k = entry.key
+            if (
+                entry.warmup
+                and k is not None
+                and (k == key or (session and k.sibling(ROOT) == key))
+            ):
+                entry.obsolete = True
 
     def recover(self) -> None:
         """Drop every retention after a fault: the policy forgets them all, and

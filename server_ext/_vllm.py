@@ -62,7 +62,7 @@ from vllm.entrypoints.serve.middleware.authenticate import (
 from vllm.v1.request import RequestStatus
 
 from ._config import CONNECTOR_NAME, ExtensionConfig
-from ._engine import CONTROL_KEY, EngineRetention, control_params, read_hint_params
+from ._engine import EngineRetention, control_params, read_control, read_hint_params
 from ._launcher import RESERVED_CPU_ENV
 from ._pool import HoldPort, ShelfPort
 from .policy import RetentionPolicy
@@ -331,7 +331,7 @@ class TierWorkerMetadata(KVConnectorWorkerMetadata):
         return self
 
 
-def _tier_identity(params: Mapping[str, Any] | None, ttl_cap_s: float) -> tuple[str, float] | None:
+def _tier_identity(params: object, ttl_cap_s: float) -> tuple[str, float] | None:
     """(tenant, soft pin seconds) of a hinted request, else None (no tier use)."""
     read = read_hint_params(params)
     if read is None:
@@ -644,8 +644,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
             return False, None
         self._warmups.pop(request.request_id, None)
         self._looked_up.discard(request.request_id)
-        params = request.kv_transfer_params or {}
-        control = params.get(CONTROL_KEY)
+        control = read_control(request.kv_transfer_params)
         if control is not None:
             retention.control(control)
             return False, None

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 import pytest
 
 from hints_spec import AgentHints
-from server_ext._engine import PREFETCH_KEY, EngineRetention, control_params, hint_params
+from server_ext._engine import (
+    PREFETCH_KEY,
+    EngineRetention,
+    control_params,
+    hint_params,
+    read_control,
+)
 from server_ext.policy import (
     BranchKey,
     Payoff,
@@ -432,6 +438,19 @@ def test_a_malformed_lowered_hint_is_no_hint(bad: dict[str, object]) -> None:
     e.step_scheduled({})
     assert e.faults == 0 and e.stats.held_blocks == 0 and +pool.refs == Counter()
     assert all(v >= 0 for v in pool.refs.values())
+
+
+@pytest.mark.parametrize("raw", [0, 7, "x", ["a"], {1: 2}, None])
+def test_kv_transfer_params_that_are_not_a_mapping_are_no_hint(raw: object) -> None:
+    # vLLM lets a client set kv_transfer_params to a scalar through vllm_xargs:
+    # it must neither fault (a fault drops every tenant's retentions) nor count.
+    e, _, _ = engine()
+    run(e, "r1", [1, 2])
+    assert not e.request_added("x", raw)
+    e.request_scheduled("x")
+    e.request_finished("x", [5])
+    assert e.faults == 0 and e.stats.retained_branches == 1
+    assert read_control(raw) is None
 
 
 def retain_two(e: EngineRetention) -> None:
