@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -27,8 +28,14 @@ from typing import IO
 from prometheus_client.parser import text_string_to_metric_families
 
 from ._launcher import extension_env, vllm_command
+from .tier import TIER_SECRET_ENV
 
 __all__ = ["LocalServer", "ServerStartError", "free_port", "local_server", "stop_process"]
+
+
+_TEST_BED_TIER_SECRET = secrets.token_hex(16)
+"""The tier secret of every server this process starts (unless the
+environment sets one): its engines can share a Mooncake store, nobody else."""
 
 
 def _escape(label_value: str) -> str:
@@ -137,7 +144,12 @@ def local_server(
         command,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**(extension_env(vllm_args) if extension else {}), **os.environ, **(env or {})},
+        env={
+            TIER_SECRET_ENV: _TEST_BED_TIER_SECRET,
+            **(extension_env(vllm_args) if extension else {}),
+            **os.environ,
+            **(env or {}),
+        },
         start_new_session=True,
     )
     server = LocalServer("127.0.0.1", port, served_model_name, log_path)

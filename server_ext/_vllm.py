@@ -404,6 +404,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         extra = self._kv_transfer_config.kv_connector_extra_config
         self._config = ExtensionConfig.from_mapping(extra)
         self._tier_config = TierConfig.from_mapping(extra)
+        self._tier_secret = self._tier_config.secret() if self._tier_config else None
         _check_kv_role(self._tier_config, self._kv_transfer_config)
         self._total_blocks = int(kv_cache_config.num_blocks)
         self._block_size = int(vllm_config.cache_config.block_size)
@@ -463,12 +464,16 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 return probe.contains([shard_key(key, 0) for key in keys])
 
         return TierPlanner(
-            KeyIndex(self._tier_config.budget_bytes),
+            KeyIndex(
+                self._tier_config.budget_bytes,
+                owner_budget_bytes=self._tier_config.tenant_budget_bytes,
+            ),
             namespace,
             self._block_size,
             block_bytes,
             owns_eviction=self._tier_config.kind == "host",
             shared=shared,
+            secret=self._tier_secret,
         )
 
     def _contained(self, what: str) -> None:
@@ -714,15 +719,20 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 # The scheduler's index owns budget and LRU and sends drops.
                 tier = HostTier(budget_bytes=None)
             else:
+                secret = self._tier_secret
                 tier = GuardedTier(
                     lambda: MooncakeTier(
-                        config.mooncake_master, segment_bytes=config.mooncake_segment_bytes
+                        config.mooncake_master,
+                        segment_bytes=config.mooncake_segment_bytes,
+                        secret=secret,
                     ),
                     timeout_s=config.timeout_s,
                 )
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
-            self._tier_worker = TierWorker(tier, codec, get_tensor_model_parallel_rank())
+            self._tier_worker = TierWorker(
+                tier, codec, get_tensor_model_parallel_rank(), budget_s=config.step_budget_s
+            )
             first = next(iter(kv_caches.values()))
             logger.info(
                 "agent-hints tier %s: %d layers of %s %s, %d bytes per block",
@@ -739,7 +749,11 @@ class AgentHintsConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         ops = self._tier_ops()
-        if ops is None or not ops.loads:
+        if ops is None:
+            return
+        # Promised blocks the scheduler could not plan: vLLM recomputes them.
+        self._load_errors.update(ops.failed)
+        if not ops.loads:
             return
         worker = self._tier_worker
         if worker is None:

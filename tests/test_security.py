@@ -16,6 +16,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +25,27 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from fastapi import FastAPI, Request
 from vllm.entrypoints.serve.middleware.register import init_entrypoints_middleware
 
 from hints_spec import CONTROL_PATH, AgentHints
 from server_ext import LocalServer, local_server
+from server_ext.tier import (
+    TIER_SECRET_ENV,
+    BlockCodec,
+    BlockProgress,
+    GuardedTier,
+    HostTier,
+    KeyIndex,
+    TierConfig,
+    TierConfigError,
+    TierOps,
+    TierPlanner,
+    TierWorker,
+    block_key,
+    mac,
+)
 
 KEYS = ("sk-alice", "sk-bob")
 ALICE = {"Authorization": "Bearer sk-alice"}
@@ -318,6 +335,151 @@ def test_metrics_that_answer_a_guessed_session_id_are_opt_in() -> None:
     assert not oracle & default
     assert {"agent_hints_held_blocks", "agent_hints_holds_total"} <= default
     assert oracle <= _exported(state_metrics=True)
+
+
+# ---------------------------------------------------------------- 4. KV tier
+
+BS = 4  # tokens per block in the tier tests
+HASHES = [bytes([i]) * 8 for i in range(16)]
+
+
+def _kv(blocks: int = 16) -> dict[str, torch.Tensor]:
+    return {"layer.0": torch.randn(2, blocks, 2, BS, 8)}
+
+
+def _stored_planner(**index: Any) -> TierPlanner:
+    """A planner whose tier holds blocks 0-2 of ``HASHES`` for tenant t."""
+    plan = TierPlanner(KeyIndex(None, **index), "ns", BS, 10, owns_eviction=True)
+    plan.track("first", "t", pin_s=0)
+    plan.step([BlockProgress("first", HASHES[:4], [0, 1, 2, 3], 3 * BS)])
+    plan.finished("first")
+    plan.track("r", "t", pin_s=0)
+    assert plan.lookup("r", HASHES[:4], num_tokens=4 * BS, num_computed=0) == 3 * BS
+    return plan
+
+
+def _reported(ops: TierOps) -> set[int]:
+    """What the worker-side connector tells vLLM failed to load, given ``ops``."""
+    from server_ext._vllm import AgentHintsConnector, AgentHintsMetadata
+
+    connector = object.__new__(AgentHintsConnector)
+    connector._tier_config = TierConfig.from_mapping({"tier": "host"})
+    connector._tier_worker = TierWorker(HostTier(None), BlockCodec(_kv(), 16))
+    connector._load_errors = set()
+    connector.bind_connector_metadata(AgentHintsMetadata(ops))
+    connector.start_load_kv(None)
+    return connector.get_block_ids_with_load_errors()
+
+
+def test_a_fault_after_tier_tokens_were_promised_is_a_load_error_not_wrong_kv() -> None:
+    blocks = [20, 21, 22, 23]
+    # The hook that plans the loads fails inside ...
+    plan = _stored_planner()
+
+    def broken(keys: object) -> None:
+        raise RuntimeError("injected")
+
+    plan.index.touch = broken  # type: ignore[method-assign]
+    plan.allocated("r", blocks, 3 * BS)
+    assert _reported(plan.step([BlockProgress("r", HASHES[:4], blocks, 4 * BS)])) == {20, 21, 22}
+    # ... or before it is called (vLLM allocated, the connector's hook raised).
+    plan = _stored_planner()
+    assert _reported(plan.step([BlockProgress("r", HASHES[:4], blocks, 4 * BS)])) == {20, 21, 22}
+    # ... or the step's metadata cannot be built: every planned load fails.
+    plan = _stored_planner()
+    plan.allocated("r", blocks, 3 * BS)
+    assert _reported(plan.abandon()) == {20, 21, 22}
+
+
+class SlowTier(HostTier):
+    """Alive, but every call takes ``delay_s``."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(None)
+        self.delay_s = delay_s
+
+    def put(self, key: str, value: torch.Tensor, pin_s: float = 0.0) -> bool:
+        time.sleep(self.delay_s)
+        return super().put(key, value, pin_s)
+
+    def get(self, key: str) -> torch.Tensor | None:
+        time.sleep(self.delay_s)
+        return super().get(key)
+
+
+def test_a_slow_store_costs_a_step_its_budget_not_a_timeout_per_block() -> None:
+    slow = SlowTier(0.15)
+    tier = GuardedTier(lambda: slow, timeout_s=1.0)
+    worker = TierWorker(tier, BlockCodec(_kv(20), 20), budget_s=0.3)
+    start = time.monotonic()
+    worker.save([(f"k{i}", i, 0.0) for i in range(20)], drops=[])
+    assert time.monotonic() - start < 0.6  # 20 puts at 0.15 s took 3 s
+    report = worker.take_report()
+    assert report is not None and 10 <= len(report.failed_saves) < 20
+    assert tier.available  # slow is not dead: the breaker stays closed
+    time.sleep(0.2)  # the put cut short finishes on the helper
+    start = time.monotonic()
+    failed = worker.load([(f"k{i}", i) for i in range(20)])
+    assert time.monotonic() - start < 0.6 and len(failed) >= 10
+
+
+def test_one_tenant_cannot_push_another_out_of_the_tier() -> None:
+    plan = TierPlanner(KeyIndex(100, owner_budget_bytes=50), "ns", BS, 10, owns_eviction=True)
+    plan.track("b", "bob", pin_s=0)
+    plan.step([BlockProgress("b", HASHES[:3], [0, 1, 2], 3 * BS)])
+    for n in range(4):  # alice saves 16 blocks: 10 would fit in the whole tier
+        plan.track(f"a{n}", "alice", pin_s=0)
+        progress = [BlockProgress(f"a{n}", HASHES[n * 4 : n * 4 + 4], [1, 2, 3, 4], 4 * BS)]
+        plan.step(progress)  # (hashes repeat, tenants keep them apart)
+    assert plan.index.owner_bytes("alice") == 50 and plan.index.owner_bytes("bob") == 30
+    plan.track("b2", "bob", pin_s=0)
+    assert plan.lookup("b2", HASHES[:4], num_tokens=4 * BS, num_computed=0) == 3 * BS
+
+
+def test_tier_keys_and_values_cannot_be_forged_without_the_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h = HASHES[1]
+    # Anyone can compute an unkeyed key from vLLM's (predictable) block hash.
+    assert block_key("ns", "t", h, b"secret") != block_key("ns", "t", h)
+    assert block_key("ns", "t", h, b"secret") != block_key("ns", "t", h, b"guess")
+    value = b"kv" * 64
+    assert mac(b"secret", "k", value) != mac(b"guess", "k", value)
+    assert mac(b"secret", "k", value) != mac(b"secret", "other", value)  # bound to its key
+    config = TierConfig.from_mapping({"tier": "mooncake"})
+    assert config is not None
+    monkeypatch.delenv(TIER_SECRET_ENV, raising=False)
+    with pytest.raises(TierConfigError, match=TIER_SECRET_ENV):
+        config.secret()
+    monkeypatch.setenv(TIER_SECRET_ENV, "s3cret")
+    assert config.secret() == b"s3cret"
+
+
+@pytest.mark.mooncake
+def test_a_value_planted_in_mooncake_without_the_secret_is_a_miss() -> None:
+    from server_ext.tier import MooncakeTier, MooncakeUnavailable, local_mooncake_master
+
+    try:
+        with local_mooncake_master() as master:
+            clients = [
+                MooncakeTier(master.address, segment_bytes=32 << 20, secret=secret)
+                for secret in (b"server", b"intruder")
+            ]
+            try:
+                server, intruder = clients
+                good = torch.arange(64, dtype=torch.uint8)
+                assert server.put("mine", good)
+                zeros = torch.zeros(64, dtype=torch.uint8)
+                assert intruder.put("planted", zeros)
+                forged = bytes(64) + mac(b"intruder", "mine", bytes(64))
+                assert intruder._store.upsert("mine", forged) == 0  # overwrites the value
+                assert server.get("planted") is None and server.get("mine") is None
+                assert server.stats.corrupt == 2
+            finally:
+                for c in clients:
+                    c.close()
+    except MooncakeUnavailable as e:
+        pytest.skip(str(e))
 
 
 # ---------------------------------------------------------------- 5. parsing

@@ -10,11 +10,11 @@ side plans (``TierPlanner``), the worker side moves bytes (``TierWorker``); only
 """
 
 from ._blocks import BlockCodec
-from ._config import TierConfig, TierConfigError, kv_role
+from ._config import TIER_SECRET_ENV, TierConfig, TierConfigError, kv_role
 from ._guard import GuardedTier
 from ._host import HostTier
 from ._index import KeyIndex
-from ._keys import block_key, checksum, shard_key
+from ._keys import block_key, checksum, mac, shard_key
 from ._master import MooncakeMaster, MooncakeUnavailable, local_mooncake_master
 from ._mooncake import MooncakeTier
 from ._plan import BlockProgress, TierCounters, TierOps, TierPlanner
@@ -22,6 +22,7 @@ from ._protocol import KVTier, TierStats
 from ._worker import TierReport, TierWorker
 
 __all__ = [
+    "TIER_SECRET_ENV",
     "BlockCodec",
     "BlockProgress",
     "GuardedTier",
@@ -43,5 +44,6 @@ __all__ = [
     "checksum",
     "kv_role",
     "local_mooncake_master",
+    "mac",
     "shard_key",
 ]

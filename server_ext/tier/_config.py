@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["TierConfig", "TierConfigError", "kv_role"]
+__all__ = ["TIER_SECRET_ENV", "TierConfig", "TierConfigError", "kv_role"]
+
+TIER_SECRET_ENV = "AGENT_HINTS_TIER_SECRET"
+"""The deployment's tier secret (the same on every engine sharing a store)."""
 
 
 class TierConfigError(ValueError):
@@ -33,6 +37,10 @@ class TierConfig:
     mooncake_master: ``host:port`` of ``mooncake_master``.
     mooncake_segment_bytes: memory each worker contributes to the store.
     timeout_s: longest a Mooncake call may take before it counts as a miss.
+    tenant_fraction: share of ``budget_bytes`` one tenant's blocks may take;
+        a tenant over it makes room from its own blocks.
+    step_budget_s: longest an engine step's loads, and its saves, may wait on
+        the tier; loads past it are recomputed, saves past it skipped.
     """
 
     kind: Literal["host", "mooncake"]
@@ -40,12 +48,15 @@ class TierConfig:
     mooncake_master: str
     mooncake_segment_bytes: int
     timeout_s: float
+    tenant_fraction: float = 0.5
+    step_budget_s: float = 0.25
 
     @classmethod
     def from_mapping(cls, extra: Mapping[str, object] | None) -> TierConfig | None:
         """The tier settings in ``extra`` (keys ``tier``, ``tier_bytes``,
-        ``mooncake_master``, ``mooncake_segment_bytes``, ``tier_timeout_s``), or
-        None when no ``tier`` is set."""
+        ``mooncake_master``, ``mooncake_segment_bytes``, ``tier_timeout_s``,
+        ``tier_tenant_fraction``, ``tier_step_budget_s``), or None when no
+        ``tier`` is set."""
         extra = extra or {}
         kind = extra.get("tier")
         if kind is None:
@@ -61,7 +72,32 @@ class TierConfig:
             mooncake_master=master,
             mooncake_segment_bytes=int(_number(extra, "mooncake_segment_bytes", 256 << 20)),
             timeout_s=float(_number(extra, "tier_timeout_s", 1.0)),
+            tenant_fraction=_fraction(extra, "tier_tenant_fraction", 0.5),
+            step_budget_s=float(_number(extra, "tier_step_budget_s", 0.25)),
         )
+
+    def secret(self) -> bytes | None:
+        """The key of every tier key and value MAC: ``TIER_SECRET_ENV``,
+        required for Mooncake (a store others can write to); the host tier,
+        in the engine's own memory, needs none."""
+        value = os.environ.get(TIER_SECRET_ENV, "")
+        if self.kind == "mooncake" and not value:
+            raise TierConfigError(
+                f"tier='mooncake': set {TIER_SECRET_ENV} to a secret shared by every engine "
+                "of the store (without it, anyone who can write to the store could plant KV)"
+            )
+        return value.encode() or None
+
+    @property
+    def tenant_budget_bytes(self) -> int:
+        return int(self.budget_bytes * self.tenant_fraction)
+
+
+def _fraction(extra: Mapping[str, object], name: str, default: float) -> float:
+    value = _number(extra, name, default)
+    if value > 1:
+        raise _invalid(name, value, "a fraction in (0, 1]")
+    return float(value)
 
 
 def kv_role(tier: TierConfig | None) -> str:

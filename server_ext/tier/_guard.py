@@ -6,8 +6,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
@@ -50,6 +51,7 @@ class GuardedTier:
         self._inner: KVTier | None = None
         self._busy: Future[Any] | None = None
         self._open_until = 0.0
+        self._deadline: float | None = None
         self._stats = TierStats()
 
     @property
@@ -57,18 +59,45 @@ class GuardedTier:
         """False while the breaker is open (the store failed recently)."""
         return self._clock() >= self._open_until
 
+    @contextmanager
+    def deadline(self, at: float) -> Iterator[None]:
+        """Calls inside wait for the store until ``at`` (this clock) at most:
+        a slow but alive store costs the caller its time budget, not a
+        timeout per call. A call cut short is a miss and leaves the breaker
+        closed; the helper finishes it, and calls meanwhile are misses."""
+        before, self._deadline = self._deadline, at
+        try:
+            yield
+        finally:
+            self._deadline = before
+
     def _call(self, fn: Callable[[KVTier], _T], miss: _T) -> _T:
         if not self.available or (self._busy is not None and not self._busy.done()):
             self._stats.errors += 1
             return miss
+        wait = self._timeout_s
+        if self._deadline is not None:
+            wait = min(wait, self._deadline - self._clock())
+            if wait <= 0:
+                self._stats.errors += 1
+                return miss
         future = self._submit(fn)
         try:
-            return future.result(timeout=self._timeout_s)
-        except Exception as e:  # TimeoutError included: the call may still finish later
+            return future.result(timeout=wait)
+        except TimeoutError:
             self._stats.errors += 1
-            self._open_until = self._clock() + self._cooldown_s
-            logger.warning("agent-hints tier unavailable for %.0f s: %r", self._cooldown_s, e)
+            if wait < self._timeout_s:  # out of budget, not out of patience
+                return miss
+            self._open(TimeoutError(f"no answer in {wait:g} s"))
             return miss
+        except Exception as e:
+            self._stats.errors += 1
+            self._open(e)
+            return miss
+
+    def _open(self, error: BaseException) -> None:
+        self._open_until = self._clock() + self._cooldown_s
+        logger.warning("agent-hints tier unavailable for %.0f s: %r", self._cooldown_s, error)
 
     def connect(self) -> None:
         """Build the tier now, in the background: until it is up, calls are

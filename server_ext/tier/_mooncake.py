@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
+import hmac
 import socket
-import struct
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ._keys import checksum
+from ._keys import MAC_BYTES, mac
 from ._protocol import TierStats
 
 __all__ = ["MooncakeTier"]
-
-_TRAILER = struct.Struct("<I")  # crc32 of the payload, appended to every value
 
 
 class MooncakeTier:
     """Mooncake Store client over TCP with the ``P2PHANDSHAKE`` metadata mode.
 
-    Values are the packed block bytes plus a crc32 trailer, verified on every
-    get. Soft pins map to Mooncake's ``soft_pin_ttl_ms`` (evicted only when
-    nothing else can be). The store evicts on its own, so ``drop`` is a no-op:
-    other engines sharing the store may still want the value. Construction
+    Values are the packed block bytes plus a MAC trailer under the
+    deployment's ``secret``, bound to the key and verified on every get (a
+    value anyone else wrote is a miss). Soft pins map to Mooncake's
+    ``soft_pin_ttl_ms`` (evicted only when nothing else can be). The store
+    evicts on its own; the planner drops only a tenant's blocks beyond its
+    share (other engines may still want anything else). Construction
     connects and raises ``OSError`` when the master cannot be reached;
     wrap the tier in ``GuardedTier`` so that a slow or dead store is a miss.
     """
@@ -35,6 +35,7 @@ class MooncakeTier:
         local_host: str = "127.0.0.1",
         segment_bytes: int = 256 << 20,
         buffer_bytes: int = 64 << 20,
+        secret: bytes | None = None,
     ) -> None:
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig, SoftPinAction
 
@@ -50,6 +51,7 @@ class MooncakeTier:
             raise OSError(f"mooncake setup({master}) returned {rc}")
         self._replicate_config = ReplicateConfig
         self._soft_pin = SoftPinAction.ENABLE
+        self._secret = secret
         self._bytes_put = 0
         self._stats = TierStats()
 
@@ -64,7 +66,8 @@ class MooncakeTier:
 
     def put(self, key: str, value: torch.Tensor, pin_s: float = 0.0) -> bool:
         host = value.detach().to("cpu").contiguous().view(torch.uint8).reshape(-1)
-        payload = host.numpy().tobytes() + _TRAILER.pack(checksum(host))
+        data = host.numpy().tobytes()
+        payload = data + mac(self._secret, key, data)
         config = self._replicate_config()
         if pin_s > 0:
             config.soft_pin_action = self._soft_pin
@@ -79,20 +82,20 @@ class MooncakeTier:
 
     def get(self, key: str) -> torch.Tensor | None:
         data: bytes = self._store.get(key)
-        if len(data) <= _TRAILER.size:  # a missing key reads as b""
+        if len(data) <= MAC_BYTES:  # a missing key reads as b""
             self._stats.misses += 1
             return None
-        value = torch.frombuffer(bytearray(data[: -_TRAILER.size]), dtype=torch.uint8)
-        (crc,) = _TRAILER.unpack(data[-_TRAILER.size :])
-        if checksum(value) != crc:
+        body = memoryview(data)[:-MAC_BYTES]
+        if not hmac.compare_digest(mac(self._secret, key, body), data[-MAC_BYTES:]):
             self._stats.corrupt += 1
             self._stats.misses += 1
             return None
         self._stats.hits += 1
-        return value
+        return torch.frombuffer(bytearray(body), dtype=torch.uint8)
 
     def drop(self, keys: Sequence[str]) -> None:
-        return None
+        if keys:
+            self._store.batch_remove(list(keys))
 
     def close(self) -> None:
         self._store.close()

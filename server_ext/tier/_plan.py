@@ -11,6 +11,7 @@ stored: a ``shared`` probe asks the store for the blocks the index lacks.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -19,18 +20,23 @@ from ._keys import block_key
 
 __all__ = ["BlockProgress", "TierCounters", "TierOps", "TierPlanner"]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class TierOps:
     """One step's work for the worker: drops, then loads (before the forward),
-    then saves (after it). Loads and saves are (key, block id)."""
+    then saves (after it). Loads and saves are (key, block id). ``failed``:
+    block ids vLLM was promised from the tier whose loads could not be planned;
+    the worker reports them as load errors, so vLLM recomputes them."""
 
     loads: list[tuple[str, int]] = field(default_factory=list)
     saves: list[tuple[str, int, float]] = field(default_factory=list)  # + soft pin seconds
     drops: list[str] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.loads or self.saves or self.drops)
+        return bool(self.loads or self.saves or self.drops or self.failed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +85,20 @@ class TierPlanner:
         block_size: tokens per vLLM block.
         block_bytes: bytes of one packed block (all layers).
         owns_eviction: send the index's evictions to the worker as drops (host
-            tier); a shared store evicts on its own and others may still use a key.
+            tier); a shared store evicts on its own and others may still use a
+            key. A tenant's keys beyond its share of the index
+            (``KeyIndex.owner_budget_bytes``) are dropped either way.
         shared: for a shared store, how many of the given keys, from the first,
             the store holds (keys as the planner names them). Asked at most
             once per request for the blocks past the index's leading hits;
             the blocks it reports join the index.
+        secret: the deployment's tier secret, keying every key (``block_key``).
+
+    Once ``lookup`` promised vLLM tokens from the tier, the blocks are loaded
+    or reported failed, whatever goes wrong in between: a promise that
+    ``allocated`` could not plan (or was never told of, because the hook
+    failed first) fails its blocks at the next ``step``, and ``abandon``
+    fails every planned load when the step's metadata cannot be built.
     """
 
     def __init__(
@@ -95,6 +110,7 @@ class TierPlanner:
         *,
         owns_eviction: bool,
         shared: Callable[[Sequence[str]], int] | None = None,
+        secret: bytes | None = None,
     ) -> None:
         if shared is not None and owns_eviction:
             raise ValueError("a shared store evicts on its own: owns_eviction must be False")
@@ -104,6 +120,7 @@ class TierPlanner:
         self._block_bytes = block_bytes
         self._owns_eviction = owns_eviction
         self._shared = shared
+        self._secret = secret
         self._tracked: dict[str, _Tracked] = {}
         self._ops = TierOps()
         self.counters = TierCounters()
@@ -116,7 +133,7 @@ class TierPlanner:
 
     def _keys(self, entry: _Tracked, block_hashes: Sequence[bytes]) -> list[str]:
         for h in block_hashes[len(entry.keys) :]:
-            entry.keys.append(block_key(self._namespace, entry.tenant, h))
+            entry.keys.append(block_key(self._namespace, entry.tenant, h, self._secret))
         return entry.keys
 
     def lookup(
@@ -143,7 +160,7 @@ class TierPlanner:
             held = self._shared(keys[found:])
             entry.probed = last
             for key in keys[found : found + held]:
-                self.index.add(key, self._block_bytes)
+                self.index.add(key, self._block_bytes, owner=entry.tenant)
             found = self.index.leading(keys)
             self.counters.shared_blocks += held
         entry.lookup = (first, len(keys), found)
@@ -157,37 +174,67 @@ class TierPlanner:
         first, queried, found = entry.lookup
         entry.lookup = None
         loaded = min(external_tokens // self._block_size, found)
-        keys = entry.keys[first : first + loaded]
-        self.index.touch(keys)
-        self._ops.loads.extend(zip(keys, block_ids[first : first + loaded], strict=True))
+        try:
+            keys = entry.keys[first : first + loaded]
+            planned = list(zip(keys, block_ids[first : first + loaded], strict=True))
+            self.index.touch(keys)
+        except Exception:
+            logger.exception("agent-hints tier: load planning failed; recomputing")
+            self._ops.failed.extend(block_ids[first : first + loaded])
+            return
+        self._ops.loads.extend(planned)
         entry.saved = max(entry.saved, first + loaded)
         self.counters.hits += loaded
         self.counters.misses += queried - loaded
+
+    def abandon(self) -> TierOps:
+        """This step's ops when its metadata cannot be built: no saves, and
+        every planned load reported failed (vLLM recomputes those blocks)."""
+        ops, self._ops = self._ops, TierOps()
+        return TierOps(failed=[*ops.failed, *(block for _, block in ops.loads)])
 
     def step(self, progress: Iterable[BlockProgress]) -> TierOps:
         """This step's ops: the planned loads, and saves of tracked requests'
         full blocks that the step completes and the tier lacks."""
         ops, self._ops = self._ops, TierOps()
+        try:
+            self._plan_saves(progress, ops)
+        except Exception:  # saves are best effort; the loads must still go out
+            logger.exception("agent-hints tier: save planning failed")
+            ops.saves.clear()
+        return ops
+
+    def _plan_saves(self, progress: Iterable[BlockProgress], ops: TierOps) -> None:
         saves: dict[str, tuple[int, float]] = {}
         for p in progress:
             entry = self._tracked.get(p.request_id)
             if entry is None:
                 continue
+            if entry.lookup is not None:
+                # Scheduled with a promise ``allocated`` never planned: the
+                # promised blocks hold no KV, so they are reported failed.
+                first, _, found = entry.lookup
+                entry.lookup = None
+                ops.failed.extend(p.block_ids[first : first + found])
             full = min(p.computed_tokens // self._block_size, len(p.block_hashes), len(p.block_ids))
             keys = self._keys(entry, p.block_hashes)
             for i in range(entry.saved, full):
                 key = keys[i]
-                known = key in self.index
-                evicted = self.index.add(key, self._block_bytes, entry.pin_s)
+                if key in self.index:
+                    self.index.add(key, self._block_bytes, entry.pin_s)  # refresh
+                    continue
+                for victim in self.index.shed(entry.tenant, self._block_bytes):
+                    if saves.pop(victim, None) is None:
+                        ops.drops.append(victim)
+                evicted = self.index.add(key, self._block_bytes, entry.pin_s, entry.tenant)
                 for victim in evicted:
                     # A key saved earlier in this same step is simply not saved.
-                    if saves.pop(victim, None) is None and self._owns_eviction:
+                    if saves.pop(victim, None) is None and self._owns_eviction and victim != key:
                         ops.drops.append(victim)
-                if not known and key not in evicted:
+                if key not in evicted:
                     saves[key] = (p.block_ids[i], entry.pin_s)
             entry.saved = max(entry.saved, full)
         ops.saves.extend((key, block, pin) for key, (block, pin) in saves.items())
-        return ops
 
     def worker_report(
         self,

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from ._blocks import BlockCodec
+from ._guard import GuardedTier
 from ._keys import shard_key
 from ._protocol import KVTier
 
@@ -31,49 +36,81 @@ class TierWorker:
     Store keys carry the worker's tensor-parallel ``rank`` (``shard_key``), so
     the shards of one block never collide in a shared store. No method raises:
     a failed load is reported (vLLM recomputes the block), a failed save only
-    means a later miss.
+    means a later miss. Each call's loads (and each call's saves) take at
+    most ``budget_s`` of the step: a slow but alive store is given that long,
+    and what did not fit is a failed load (recomputed) or a skipped save.
     """
 
-    def __init__(self, tier: KVTier, codec: BlockCodec, rank: int = 0) -> None:
+    def __init__(
+        self,
+        tier: KVTier,
+        codec: BlockCodec,
+        rank: int = 0,
+        *,
+        budget_s: float = float("inf"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.tier = tier
         self.codec = codec
         self._rank = rank
+        self._budget_s = budget_s
+        self._clock = clock
         self._report = TierReport()
+
+    @contextlib.contextmanager
+    def _budget(self) -> Iterator[float]:
+        """The deadline of this batch, which a guarded store also waits by."""
+        deadline = self._clock() + self._budget_s
+        if isinstance(self.tier, GuardedTier):
+            with self.tier.deadline(deadline):
+                yield deadline
+        else:
+            yield deadline
 
     def load(self, loads: Sequence[tuple[str, int]]) -> set[int]:
         """Copy tier -> KV cache; return the block ids that could not be loaded."""
         failed: set[int] = set()
-        for key, block_id in loads:
-            try:
-                value = self.tier.get(shard_key(key, self._rank))
-                if value is not None:
-                    self.codec.unpack(value, block_id)
-                    self._report.bytes_loaded += value.numel()
-                    continue
-            except Exception:
-                logger.exception("agent-hints tier: load of block %d failed", block_id)
-            failed.add(block_id)
-            self._report.failed_loads.append(key)
+        with self._budget() as deadline:
+            for key, block_id in loads:
+                if self._clock() >= deadline or not self._load(key, block_id):
+                    failed.add(block_id)
+                    self._report.failed_loads.append(key)
         return failed
+
+    def _load(self, key: str, block_id: int) -> bool:
+        try:
+            value = self.tier.get(shard_key(key, self._rank))
+            if value is not None:
+                self.codec.unpack(value, block_id)
+                self._report.bytes_loaded += value.numel()
+                return True
+        except Exception:
+            logger.exception("agent-hints tier: load of block %d failed", block_id)
+        return False
 
     def save(self, saves: Sequence[tuple[str, int, float]], drops: Sequence[str]) -> None:
         """Apply the planner's drops, then copy KV cache -> tier."""
-        try:
-            if drops:
-                self.tier.drop([shard_key(key, self._rank) for key in drops])
-            values = self.codec.pack([block_id for _, block_id, _ in saves])
-        except Exception:
-            logger.exception("agent-hints tier: save of %d blocks failed", len(saves))
-            self._report.failed_saves.extend(key for key, _, _ in saves)
-            return
-        for (key, _, pin_s), value in zip(saves, values, strict=True):
+        with self._budget() as deadline:
             try:
-                if self.tier.put(shard_key(key, self._rank), value, pin_s):
-                    self._report.bytes_saved += value.numel()
-                    continue
+                if drops:
+                    self.tier.drop([shard_key(key, self._rank) for key in drops])
+                values = self.codec.pack([block_id for _, block_id, _ in saves])
             except Exception:
-                logger.exception("agent-hints tier: put failed")
-            self._report.failed_saves.append(key)
+                logger.exception("agent-hints tier: save of %d blocks failed", len(saves))
+                self._report.failed_saves.extend(key for key, _, _ in saves)
+                return
+            for (key, _, pin_s), value in zip(saves, values, strict=True):
+                if self._clock() < deadline and self._put(key, value, pin_s):
+                    self._report.bytes_saved += value.numel()
+                else:
+                    self._report.failed_saves.append(key)
+
+    def _put(self, key: str, value: torch.Tensor, pin_s: float) -> bool:
+        try:
+            return self.tier.put(shard_key(key, self._rank), value, pin_s)
+        except Exception:
+            logger.exception("agent-hints tier: put failed")
+            return False
 
     def take_report(self) -> TierReport | None:
         report, self._report = self._report, TierReport()
