@@ -584,6 +584,7 @@ async def _execute(
             if deadline.cancelled_caught:
                 error = "TimeoutError"
                 output = f"Error: tool {tool.name!r} timed out after {timeout:g} s"
+            output = _capped(output, env.config.max_tool_output_chars)
         except _FATAL:
             raise
         except Exception as err:  # a failing tool is news for the model, not for the caller
@@ -600,6 +601,13 @@ async def _execute(
         await env.emit(ToolEndEvent(call_context, agent, tool, item))
         await env.emit(RunItemEvent(call_context, agent, item))
         return item
+
+
+def _capped(output: str, limit: int) -> str:
+    """``output`` cut to ``limit`` characters, with a note for the model."""
+    if len(output) <= limit:
+        return output
+    return output[:limit] + f"\n[truncated: the tool returned {len(output):,} characters]"
 
 
 async def _invoke(context: BranchContext, tool: Tool, arguments: BaseModel) -> str:

@@ -123,6 +123,9 @@ class RunConfig(Validated):
     ``Session`` has seen one: a run that ends with its session kept tells the server
     the branch now waits on its user (``tool_start`` for the tool ``user``), with the
     session's learned reply time as ETA.
+    ``max_tool_output_chars`` bounds what one tool call's result may put in the
+    conversation (it is stored and re-sent every turn): a longer result is cut
+    there, with a note saying so.
     ``max_model_calls`` bounds the model calls of the whole run (every branch) and
     ``max_fork_depth`` how deep sub-agents nest; reaching either ends the run with a
     ``RunLimitExceeded``. Spans and GenAI client metrics go to ``tracer_provider`` and
@@ -131,6 +134,7 @@ class RunConfig(Validated):
 
     max_tool_concurrency: Annotated[int, Field(ge=1, strict=True)] = 8
     tool_timeout: _Seconds = 300.0
+    max_tool_output_chars: Annotated[int, Field(ge=1, strict=True)] = 1_000_000
     end_session: Annotated[bool, Field(strict=True)] | None = None
     latency_prior: _Seconds = 1.0
     latency_quantile: Annotated[float, Field(gt=0, lt=1, strict=True)] = 0.5

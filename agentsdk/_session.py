@@ -131,7 +131,8 @@ class SQLiteSession:
     The database runs in WAL mode, so readers in other processes do not block the writer.
     Queries run in a worker thread; one connection per object, serialised by a lock.
     Concurrent runs of the same session in different processes interleave their messages
-    and the last ``save_stats`` wins. A file whose tables a newer version of this SDK
+    and the last ``save_stats`` wins; ``pop_item`` is atomic across processes (each item
+    is returned once). A file whose tables a newer version of this SDK
     wrote is refused (``UserError``) rather than misread.
     """
 
@@ -177,6 +178,9 @@ class SQLiteSession:
 
     async def pop_item(self) -> Message | None:
         def pop(db: sqlite3.Connection) -> Message | None:
+            # Take the write lock before reading: another process popping at
+            # the same moment must not read (and return) the same row.
+            db.execute("BEGIN IMMEDIATE")
             row = db.execute(
                 "SELECT id, message FROM agentsdk_messages WHERE session_id = ?"
                 " ORDER BY id DESC LIMIT 1",

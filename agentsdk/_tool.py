@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import re
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -36,6 +39,12 @@ __all__ = [
     "tool",
     "tool_output",
 ]
+
+logger = logging.getLogger(__name__)
+
+MAX_ABANDONED_CALLS = 4
+"""Calls of one sync tool that may still run in their threads after a timeout
+(a thread cannot be stopped); while that many do, a new call fails at once."""
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible servers accept
 _ERROR_ARGS_SHOWN = 200  # how much of a bad argument string the model is shown back
@@ -273,7 +282,7 @@ def _build(
         description=description if description is not None else summary,
         parameters=schema,
         args_model=args_model,
-        function=_invoker(fn, params, takes_context),
+        function=_invoker(fn, params, takes_context, tool_name),
         timeout=timeout,
         expected_seconds=expected_seconds,
         lenient=lenient,
@@ -281,10 +290,57 @@ def _build(
     )
 
 
+class _Abandoned:
+    """The calls of one sync tool still running in threads nobody waits for."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = threading.Lock()
+        self.running = 0
+
+    async def run(self, call: Callable[[], object]) -> object:
+        with self.lock:
+            if self.running >= MAX_ABANDONED_CALLS:
+                raise RuntimeError(
+                    f"{self.running} earlier calls of tool {self.name!r} still run after "
+                    "their timeout; not starting another"
+                )
+        started = time.monotonic()
+        state = {"done": False, "abandoned": False}
+
+        def work() -> object:
+            try:
+                return call()
+            finally:
+                with self.lock:
+                    state["done"] = True
+                    if state["abandoned"]:
+                        self.running -= 1
+                        logger.warning(
+                            "agentsdk: abandoned call of tool %r returned after %.1f s",
+                            self.name, time.monotonic() - started,
+                        )  # fmt: skip
+
+        try:
+            return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            with self.lock:
+                if not state["done"]:
+                    state["abandoned"] = True
+                    self.running += 1
+                    logger.warning(
+                        "agentsdk: sync tool %r cancelled after %.1f s (timeout or run "
+                        "cancelled); its thread cannot be stopped and runs on (%d such)",
+                        self.name, time.monotonic() - started, self.running,
+                    )  # fmt: skip
+            raise
+
+
 def _invoker(
-    fn: Callable[..., Any], params: list[inspect.Parameter], takes_context: bool
+    fn: Callable[..., Any], params: list[inspect.Parameter], takes_context: bool, name: str
 ) -> ToolFunction:
     is_async = inspect.iscoroutinefunction(fn)
+    abandoned = _Abandoned(name)
 
     async def invoke(context: RunContext[Any], arguments: BaseModel) -> object:
         args: list[object] = [context] if takes_context else []
@@ -297,7 +353,7 @@ def _invoker(
                 kwargs[param.name] = value
         if is_async:
             return await fn(*args, **kwargs)
-        return await anyio.to_thread.run_sync(partial(fn, *args, **kwargs), abandon_on_cancel=True)
+        return await abandoned.run(partial(fn, *args, **kwargs))
 
     return invoke
 

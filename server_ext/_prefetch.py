@@ -92,8 +92,10 @@ class Prefetcher:
     (a real request that arrives meanwhile is served concurrently, never
     queued behind it in the API server); a
     warm-up whose branch returns or ends is cancelled (its engine request
-    aborted); remembered requests are bounded by count and bytes (least
-    recently used dropped first).
+    aborted); remembered requests are bounded by count and bytes, and each
+    tenant's by ``tenant_share`` of both (least recently used dropped first,
+    a tenant over its share losing its own first: no tenant can flush
+    another's branches out).
 
     Args:
         app: The downstream ASGI app (vLLM's routes).
@@ -103,6 +105,8 @@ class Prefetcher:
         max_requests: Branches whose last request is remembered.
         max_bytes: Total body bytes remembered.
         timeout_s: A warm-up running longer is cancelled.
+        tenant_share: Fraction of ``max_requests`` and ``max_bytes`` one
+            tenant's remembered requests may take.
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class Prefetcher:
         max_requests: int = 1024,
         max_bytes: int = 64 << 20,
         timeout_s: float = 60.0,
+        tenant_share: float = 0.25,
     ) -> None:
         self.app = app
         self.planner = planner or PrefetchPlanner(clock=clock)
@@ -123,8 +128,11 @@ class Prefetcher:
         self._max_requests = max_requests
         self._max_bytes = max_bytes
         self._timeout = timeout_s
+        self._tenant_requests = max(1, int(max_requests * tenant_share))
+        self._tenant_bytes = max_bytes * tenant_share
         self._last: OrderedDict[BranchKey, _LastRequest] = OrderedDict()
         self._bytes = 0
+        self._by_tenant: dict[str, list[int]] = {}  # tenant -> [requests, bytes]
         self._ready: dict[BranchKey, None] = {}
         self._prefilling = 0
         self._warming: tuple[BranchKey, asyncio.Task[None]] | None = None
@@ -295,6 +303,11 @@ class Prefetcher:
         self._forget(key)
         self._last[key] = last
         self._bytes += len(last.body)
+        use = self._by_tenant.setdefault(key.tenant, [0, 0])
+        use[0] += 1
+        use[1] += len(last.body)
+        while use[0] > self._tenant_requests or use[1] > self._tenant_bytes:
+            self._forget(next(k for k in self._last if k.tenant == key.tenant))
         while self._last and (
             len(self._last) > self._max_requests or self._bytes > self._max_bytes
         ):
@@ -304,6 +317,11 @@ class Prefetcher:
         last = self._last.pop(key, None)
         if last is not None:
             self._bytes -= len(last.body)
+            use = self._by_tenant[key.tenant]
+            use[0] -= 1
+            use[1] -= len(last.body)
+            if use[0] == 0:
+                del self._by_tenant[key.tenant]
 
     def _cancel_warmup(self, obsolete: Callable[[BranchKey], bool]) -> None:
         """Cancel the running warm-up if its branch is ``obsolete``."""

@@ -16,6 +16,7 @@ import asyncio
 import functools
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -23,14 +24,29 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 import torch
 from fastapi import FastAPI, Request
 from vllm.entrypoints.serve.middleware.register import init_entrypoints_middleware
 
+from agentsdk import (
+    Agent,
+    InMemorySession,
+    Message,
+    RunConfig,
+    Runner,
+    ScriptedCall,
+    ScriptedModel,
+    SQLiteSession,
+    tool,
+)
+from agentsdk._tool import MAX_ABANDONED_CALLS
 from hints_spec import CONTROL_PATH, AgentHints
 from server_ext import LocalServer, local_server
+from server_ext._prefetch import Branch, Prefetcher
+from server_ext.policy import BranchKey
 from server_ext.tier import (
     TIER_SECRET_ENV,
     BlockCodec,
@@ -505,6 +521,109 @@ def test_several_agent_hints_lines_are_combined() -> None:
     lines = [*ALICE.items(), ("Agent-Hints", 'v=1, sid="s1"'), ("Agent-Hints", "gap=5, ttl=60")]
     post(app, "/v1/completions", PROMPT, lines)
     assert engine.transfer()["agent_hints"] == AgentHints(sid="s1", gap=5, ttl=60).normalized()
+
+
+def test_one_tenant_cannot_flush_another_tenants_warmups() -> None:
+    async def main() -> list[BranchKey]:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        prefetcher = Prefetcher(app, max_requests=8, tenant_share=0.25, interval_s=3600)
+
+        async def serve(tenant: str, sid: str) -> None:
+            scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+            branch = Branch(BranchKey(tenant, sid, "root"), 5.0, False)
+            await prefetcher.serve(scope, b"{}", branch, _no_body, _ignore)
+
+        await serve("bob", "b1")
+        for n in range(100):
+            await serve("mallory", f"m{n}")
+        await prefetcher.aclose()
+        return list(prefetcher._last)
+
+    remembered = asyncio.run(main())
+    assert BranchKey("bob", "b1", "root") in remembered
+    assert sum(k.tenant == "mallory" for k in remembered) == 2
+
+
+async def _no_body() -> dict[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+async def _ignore(message: object) -> None:
+    return None
+
+
+def test_pop_item_returns_each_message_once_across_connections(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    items: list[Message] = [{"role": "user", "content": str(i)} for i in range(600)]
+    anyio.run(SQLiteSession("s", path).add_items, items)
+    popped: list[str] = []
+
+    def drain() -> None:
+        session = SQLiteSession("s", path)  # its own connection, as another process
+
+        async def pop_all() -> None:
+            while (item := await session.pop_item()) is not None:
+                popped.append(str(item["content"]))
+
+        anyio.run(pop_all)
+        session.close()
+
+    threads = [threading.Thread(target=drain) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(popped, key=int) == [str(i) for i in range(600)]
+
+
+def test_a_huge_tool_result_is_cut_before_it_is_stored_and_resent() -> None:
+    @tool
+    def dump() -> str:
+        return "x" * 100_000_000
+
+    model = ScriptedModel([[ScriptedCall("dump", id="d")], "ok"])
+    agent = Agent(name="a", instructions="i", model="m", tools=[dump])
+    session = InMemorySession()
+    anyio.run(lambda: Runner.run(agent, "go", client=model, session=session))
+    [resent] = [m for m in model.requests[1].messages if m["role"] == "tool"]
+    limit = RunConfig().max_tool_output_chars
+    assert limit < len(resent["content"]) < limit + 100
+    assert resent["content"].endswith("[truncated: the tool returned 100,000,000 characters]")
+    stored = anyio.run(session.get_items)
+    assert sum(len(json.dumps(m)) for m in stored) < 2 * limit
+
+
+def test_a_hung_sync_tool_is_noticed_and_cannot_pile_up_threads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    release = threading.Event()
+    started = 0
+
+    @tool(timeout=0.05)
+    def stuck() -> str:
+        nonlocal started
+        started += 1
+        release.wait(30)
+        return "late"
+
+    calls = [ScriptedCall("stuck", id=f"c{i}") for i in range(MAX_ABANDONED_CALLS)]
+    model = ScriptedModel([calls, "gave up", [ScriptedCall("stuck", id="more")], "still"])
+    agent = Agent(name="a", instructions="i", model="m", tools=[stuck])
+    with caplog.at_level(logging.WARNING, logger="agentsdk"):
+        anyio.run(lambda: Runner.run(agent, "go", client=model))
+        result = anyio.run(lambda: Runner.run(agent, "again", client=model))
+        [refused] = [m["content"] for m in result.new_messages if m["role"] == "tool"]
+        assert "still run after their timeout" in refused
+        assert started == MAX_ABANDONED_CALLS  # the fifth never got a thread
+        assert caplog.text.count("its thread cannot be stopped") == MAX_ABANDONED_CALLS
+        release.set()
+        deadline = time.monotonic() + 10
+        while caplog.text.count("returned after") < MAX_ABANDONED_CALLS:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
 
 
 # ---------------------------------------------------------------- 6. the real server
