@@ -1,9 +1,11 @@
 """``python -m benchmarks.agent_replay``: Claude Code sessions through the SDK's own agent loop.
 
 Reads Claude Code transcripts (``~/.claude/projects/*/*.jsonl``, or
-``../shared/traces-claude-code``) and replays each session as a run of
-``agentsdk``'s agent loop against a fresh vLLM server per configuration, all
-sessions concurrently, same KV capacity:
+``../shared/traces-claude-code``; or, with ``--traces``, the anonymized traces,
+or, with ``--generated``, sessions drawn from the figures the repository
+carries) and replays each session as a run of ``agentsdk``'s agent loop against
+a fresh vLLM server per configuration, all sessions concurrently, same KV
+capacity:
 
 - ``plain``: vLLM as shipped, the plain ``openai`` client;
 - ``hinted``: the agent-hints extension with its defaults, device KV only, the
@@ -17,7 +19,7 @@ Each tool call sleeps for its recorded duration divided by ``--time-scale``
 (capped at ``--max-think``) and returns a result of the recorded size; each 64
 prompt tokens become ``--scale-k`` token ids (4: 1/16 scale); outputs are
 forced to their recorded length at the same scale, at most ``--max-out``.
-Sessions: the first ``--sessions`` transcripts by path with a tool call whose
+Sessions: the first ``--sessions`` by path (or drawn) with a tool call whose
 every prompt fits ``--max-model-len`` minus ``--max-out``; the servers get the
 context the longest of them needs. ``--kv-blocks`` defaults to a third of their
 live working set (each session's largest prompt, for the sessions in flight at
@@ -40,20 +42,15 @@ import math
 import shlex
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from server_ext import LocalServer, make_test_model
 
 from ._agent_replay import AgentRun, agent_replay
-from ._claude_code import (
-    PromptMapper,
-    Session,
-    default_claude_code_dir,
-    read_session,
-    replayed_calls,
-)
+from ._claude_code import PromptMapper, Session, replayed_calls
 from ._plots import write_calibration_plot, write_plots
 from ._replay import ReplaySettings, RequestRecord
 from ._report import (
@@ -66,6 +63,7 @@ from ._report import (
 )
 from ._run import OnDone, machine, run_config, runnable
 from ._server import CONFIGS, Config, ServerPlan, sigterm_as_exit
+from ._sessions import SessionSource, find_source, load_sessions
 from ._traces import PrefixIndex
 from .bound import bounds
 
@@ -87,14 +85,31 @@ AGENT_CONFIGS: dict[str, Config] = {
 DEFAULT_CONFIGS = "plain,hinted,unlimited"
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.agent_replay", description=__doc__)
-    p.add_argument(
+def parser(
+    prog: str = "python -m benchmarks.agent_replay", description: str | None = __doc__
+) -> argparse.ArgumentParser:
+    """The command's arguments (the demo reuses them with its own defaults)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    source = p.add_mutually_exclusive_group()
+    source.add_argument(
         "--claude-code",
         type=Path,
         help="transcript directory, searched recursively (default: $AGENT_HINTS_CLAUDE_CODE "
         "or ../shared/traces-claude-code; your own: ~/.claude/projects)",
     )
+    source.add_argument(
+        "--traces",
+        type=Path,
+        help="anonymized trace directory instead (default: $AGENT_HINTS_TRACES or "
+        "../shared/traces; no tool names: every wait is on one tool)",
+    )
+    source.add_argument(
+        "--generated",
+        action="store_true",
+        help="sessions generated from the figures the repository carries "
+        "(benchmarks/workload_figures.json) instead",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of --generated sessions")
     p.add_argument("--sessions", type=int, default=8, help="sessions replayed (default 8)")
     p.add_argument("--concurrency", type=int, help="sessions in flight at once (default: all)")
     p.add_argument("--time-scale", type=float, default=20.0, help="divide recorded waits by this")
@@ -135,26 +150,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--sample-period", type=float, default=1.0, help="s between /metrics samples")
     return p
-
-
-def _blocks(session: Session, k: int) -> Iterator[int]:
-    """Each replayed prompt's length in token ids."""
-    mapper = PromptMapper(session, k)
-    return (mapper.blocks(call) * k for _, call in replayed_calls(session))
-
-
-def select_sessions(directory: Path, k: int, max_prompt: int, n: int) -> list[Session]:
-    """The first ``n`` transcripts under ``directory`` (by path) with at least one
-    tool call whose every prompt fits ``max_prompt`` token ids at ``k``."""
-    chosen: list[Session] = []
-    for path in sorted(directory.rglob("*.jsonl")):
-        session = read_session(path)
-        waits = any(not c.ends_turn for _, c in replayed_calls(session))
-        if waits and max(_blocks(session, k), default=0) <= max_prompt:
-            chosen.append(session)
-            if len(chosen) == n:
-                break
-    return chosen
 
 
 def _session_info(
@@ -289,29 +284,66 @@ def _configs(names: str) -> list[Config]:
     return runnable([AGENT_CONFIGS[n] for n in wanted])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    configs = _configs(args.configs)
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """What ``replay_sessions`` produced: the JSON's content, the runs, the plots."""
+
+    report: dict[str, Any]
+    runs: list[ConfigRun]
+    plots: list[Path]
+
+    @property
+    def ok(self) -> bool:
+        """No request and no session failed."""
+        summaries = self.report["summary"].values()
+        return all(s["failed"] == 0 for s in summaries) and not self.report["session_errors"]
+
+
+def _extension_config(text: str) -> dict[str, Any]:
     try:
-        extension_config = json.loads(args.extension_config)
+        config = json.loads(text)
     except json.JSONDecodeError as e:
         sys.exit(f"error: --extension-config is not JSON ({e})")
-    if not isinstance(extension_config, dict):
+    if not isinstance(config, dict):
         sys.exit("error: --extension-config must be a JSON object")
-    directory: Path = args.claude_code or default_claude_code_dir(REPO_ROOT)
-    if not directory.is_dir():
-        sys.exit(
-            f"error: transcript directory {directory} not found: pass --claude-code DIR "
-            "(your own sessions: ~/.claude/projects) or set AGENT_HINTS_CLAUDE_CODE"
+    return config
+
+
+def load(
+    args: argparse.Namespace, *, fallback: bool = False
+) -> tuple[SessionSource, list[Session]]:
+    """The source the arguments pick (``_sessions.find_source``) and its first
+    ``--sessions`` sessions that have a tool call and fit the context; exits with
+    the reason when there are none."""
+    try:
+        source = find_source(
+            REPO_ROOT,
+            claude_code=args.claude_code,
+            traces=args.traces,
+            generated=args.generated,
+            fallback=fallback,
         )
-    sessions = select_sessions(
-        directory, args.scale_k, args.max_model_len - args.max_out, args.sessions
+    except FileNotFoundError as e:
+        sys.exit(f"error: {e}")
+    sessions = load_sessions(
+        source, args.scale_k, args.max_model_len - args.max_out, args.sessions, args.seed
     )
     if not sessions:
         sys.exit(
-            f"error: no session under {directory} has a tool call and fits --max-model-len "
-            "at this --scale-k"
+            f"error: no session of the {source.describe()} has a tool call and fits "
+            "--max-model-len at this --scale-k"
         )
+    return source, sessions
+
+
+def replay_sessions(
+    sessions: Sequence[Session], args: argparse.Namespace, source: SessionSource
+) -> Replayed:
+    """Replay ``sessions`` in every configuration of ``args`` (a fresh server each,
+    stopped after it), saying what they are and the KV plan; writes the JSON
+    after each configuration and the plots at the end."""
+    configs = _configs(args.configs)
+    extension_config = _extension_config(args.extension_config)
     info, distinct = _session_info(sessions, args.scale_k, args.block_size)
     max_model_len = _max_model_len(info, args)
     working_set, kv_blocks, unlimited_blocks = _kv_plan(info, distinct, max_model_len, args)
@@ -329,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmark": "agent_replay",
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "source": {"kind": source.kind, "path": str(source.path)},
         "machine": machine(),
         "sessions": info,
         "working_set_blocks": working_set,
@@ -362,6 +395,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(format_table([summarize(r) for r in runs]), flush=True)
 
     report = _report(header, runs, bound, errors)
+    scored = _calibrated(runs)
+    plots = write_plots(runs, args.out.parent, args.out.stem)
+    if scored is not None:
+        plots.append(write_calibration_plot(scored, args.out.parent, args.out.stem))
+    return Replayed(report, runs, plots)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    _configs(args.configs)  # an unknown one fails before any session is read
+    _extension_config(args.extension_config)
+    source, sessions = load(args)
+    replayed = replay_sessions(sessions, args, source)
+    report, bound = replayed.report, replayed.report["bound"]
     print()
     print(format_table(list(report["summary"].values())))
     if report["calibration"]:
@@ -374,13 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  LRU {_pct(b['lru_of_theoretical'])}"
             f"  exact future knowledge (Belady) {_pct(b['belady_of_theoretical'])}"
         )
-    scored = _calibrated(runs)
-    plots = write_plots(runs, args.out.parent, args.out.stem)
-    if scored is not None:
-        plots.append(write_calibration_plot(scored, args.out.parent, args.out.stem))
-    print(f"\nwrote {args.out}" + "".join(f"\n      {p}" for p in plots))
-    ok = all(s["failed"] == 0 for s in report["summary"].values())
-    return 0 if ok and not report["session_errors"] else 1
+    print(f"\nwrote {args.out}" + "".join(f"\n      {p}" for p in replayed.plots))
+    return 0 if replayed.ok else 1
 
 
 def _pct(value: float | None) -> str:
