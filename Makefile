@@ -4,8 +4,9 @@
 bootstrap:
 	@scripts/bootstrap.sh
 
+# ARGS: more flags, e.g. ARGS="--claude-code ~/.claude/projects" (python -m examples.demo --help).
 demo: bootstrap
-	.venv/bin/python -m examples.demo
+	.venv/bin/python -m examples.demo $(ARGS)
 
 test: bootstrap
 	.venv/bin/python -m pytest

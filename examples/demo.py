@@ -1,40 +1,76 @@
-"""The README's main job: an agent workload through vLLM, plain vs hinted, side by side.
+"""The README's main job: agents on vLLM, the plain client vs the hinted SDK, side by side.
 
-Starts a local vLLM CPU server (the generated tiny model, random weights) once
-without and once with the extension, replays a short slice of real agentic coding
-traces (../shared/traces) through each at the same KV capacity, prints the
-comparison and where the JSON and the plots (TTFT CDF, reuse over time) went, and
-stops the server. The full matrix (prefetch, tiers, the unlimited bound) is
-``make bench`` (``python -m benchmarks.replay``).
+Runs agent sessions through the project's own agent loop (``Agent``, ``Runner``,
+a real ``@tool`` per tool kind, sub-agents by ``Runner.fan_out``: the agent
+replay of ``benchmarks.agent_replay``) against a local vLLM CPU server (the
+generated tiny model, random weights), first as shipped with the plain
+``openai`` client, then with the agent-hints extension at its defaults and the
+SDK's hinted client, both at the same KV capacity (a third of the sessions' live
+working set). Prints the comparison and where the JSON and the plots went, and
+stops its servers.
 
-    python -m examples.demo [--out results/demo.json] [any benchmarks.replay flag]
+The sessions are the real sets where they are found (``--claude-code DIR`` or
+``--traces DIR``, ``$AGENT_HINTS_CLAUDE_CODE`` or ``$AGENT_HINTS_TRACES``, or
+``../shared`` beside the repository); on a clone alone, sessions generated from
+the figures measured on those sets, which the repository carries
+(``benchmarks/workload_figures.json``; ``--generated`` picks them anyway).
+
+    python -m examples.demo [--sessions N] [--generated] [any benchmarks.agent_replay flag]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from benchmarks import replay
+from benchmarks import agent_replay
+from benchmarks._claude_code import Session
+from benchmarks._report import format_table
+from benchmarks._sessions import SessionSource
 
-EXTENSION_CONFIG = '{"max_held_fraction": 1.0, "max_tenant_fraction": 1.0, "max_defer_s": 20}'
-DEMO_ARGS = (
-    "--n-traces", "4",
-    "--max-requests-per-trace", "16",
-    "--time-scale", "20",
-    "--kv-blocks", "160",
-    "--configs", "plain,retention",
-    # Every request of the workload is hinted: lift the budget that keeps room
-    # for unhinted traffic's LRU cache; think times are compressed, so allow
-    # warm-first admission the same 20 s as the benchmark matrix.
-    "--extension-config", EXTENSION_CONFIG,
-    "--out", "results/demo.json",
-)  # fmt: skip
+DEFAULTS = {
+    "sessions": 24,
+    "concurrency": 8,
+    "configs": "plain,hinted",
+    "out": Path("results/demo.json"),
+}
+"""What the demo changes of ``benchmarks.agent_replay``'s defaults: sized to finish
+in a few minutes on 2 cores (server starts included), 8 sessions in flight."""
 
 
-def main(argv: Sequence[str] = ()) -> int:
-    print("agent-hints demo: 4 real agent sessions, plain vLLM vs vLLM + agent-hints")
-    return replay.main([*DEMO_ARGS, *argv])
+def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = agent_replay.parser("python -m examples.demo", __doc__)
+    parser.set_defaults(**DEFAULTS)
+    return parser.parse_args(argv)
+
+
+def workload(args: argparse.Namespace) -> tuple[SessionSource, list[Session]]:
+    """The demo's sessions: the real sets where found, else the generated ones."""
+    return agent_replay.load(args, fallback=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments(argv)
+    source, sessions = workload(args)
+    print(
+        f"agent-hints demo: {len(sessions)} agent sessions ({source.describe()}) through "
+        "agentsdk's Agent and Runner: plain vLLM and the openai client, then vLLM + "
+        "agent-hints and the hinted client"
+    )
+    replayed = agent_replay.replay_sessions(sessions, args, source)
+    report = replayed.report
+    print()
+    print(format_table(list(report["summary"].values())))
+    waits = report["calibration"].get("all")
+    if waits is not None and waits["client_within_2x"] is not None:
+        print(
+            f"\nthe SDK's ETAs ({report['calibration_config']} run): within 2x of the wait for "
+            f"{100 * waits['client_within_2x']:.0f}% of {waits['waits']} waits on tools and users"
+        )
+    print(f"\nwrote {args.out}" + "".join(f"\n      {p}" for p in replayed.plots))
+    return 0 if replayed.ok else 1
 
 
 if __name__ == "__main__":
