@@ -8,12 +8,12 @@ Every touch point of vLLM's ``BlockPool`` is here (``blocks``,
 the engine-side retention (``_engine.EngineRetention``) drives it through the
 ``BlockPort`` interface.
 
-- ``ShelfPort`` (the default) keeps a retained branch's blocks *free*: when the
-  pool frees them, they wait on a shelf beside the free queue instead of in it.
-  vLLM counts them as free, so no allocation, admission or preemption decision
-  differs from plain vLLM's; only which free block an allocation evicts does.
-  An allocation takes the queue's blocks first and asks the retention to give
-  up shelved ones (its victim order) only when the queue runs short. It also
+- ``ShelfPort`` (the default) keeps a retained branch's blocks *free*, in
+  their place in vLLM's LRU free queue; an allocation that reaches one sets it
+  aside instead of evicting it. vLLM counts them as free, so no allocation,
+  admission or preemption decision differs from plain vLLM's; only which free
+  block an allocation evicts does. When nothing unprotected is left, the
+  allocation asks the retention to give blocks up (its victim order). It also
   keeps the books of what this order gained and cost against plain LRU
   (``EvictionPayoff``).
 - ``HoldPort`` takes a block reference per retained block (the pool never
@@ -90,6 +90,10 @@ class EvictionPayoff:
         self._clock += 1
         self._stamps[block_id] = self._clock
 
+    def stamp(self, block_id: int) -> int:
+        """``block_id``'s place in LRU order (larger: freed later; 0: unknown)."""
+        return self._stamps.get(block_id, 0)
+
     def shelved(self, block_id: int) -> None:
         stamp = self._stamps.get(block_id)
         if stamp is not None:
@@ -144,13 +148,23 @@ class EvictionPayoff:
 class ShelfPort:
     """``BlockPort`` that retains by eviction order (see the module docstring).
 
+    A protected block keeps its place in vLLM's free queue (LRU order) while
+    it waits there; only when an allocation reaches it at the queue's head is
+    it set aside, onto the shelf, instead of evicted. The shelf is thus the
+    oldest end of LRU order: a shelf block whose protection ends goes before
+    anything in the queue, as plain LRU would have it, and each block that
+    leaves the queue for the shelf is what plain LRU would have evicted
+    (``EvictionPayoff`` keeps those books).
+
     Installs itself on ``pool`` (instance attributes over its methods); the
     retention sets ``on_short``, which ``get_new_blocks`` calls with the
-    number of blocks the queue lacks, to release retentions in victim order.
+    number of blocks still missing, to release retentions in victim order.
 
-    Invariants: a block is on ``_shelf`` iff it is protected (``_protected``
-    count > 0), free (``ref_cnt == 0``) and not in the free queue;
-    ``pool.get_num_free_blocks()`` is the queue's count plus the shelf's.
+    Invariants: shelf blocks (``_kept``: protected; ``_loose``: no longer,
+    oldest first) are free (``ref_cnt == 0``) and not in the free queue;
+    ``pool.get_num_free_blocks()`` is the queue's count plus the shelf's; a
+    block is protected while ``_protected`` counts it, and a protected shelf
+    block is in ``_kept``.
     """
 
     def __init__(self, pool: BlockPool) -> None:
@@ -160,7 +174,8 @@ class ShelfPort:
         self._queue = pool.free_block_queue
         self._hash_of = get_block_hash
         self._protected: Counter[int] = Counter()
-        self._shelf: dict[int, KVCacheBlock] = {}
+        self._kept: dict[int, KVCacheBlock] = {}
+        self._loose: OrderedDict[int, KVCacheBlock] = OrderedDict()
         self.on_short: Callable[[int], bool] = lambda blocks: False
         self.accounting = EvictionPayoff(pool.num_gpu_blocks)
         self._free = pool.free_blocks
@@ -177,94 +192,121 @@ class ShelfPort:
 
     @property
     def shelved(self) -> int:
-        return len(self._shelf)
+        """Protected blocks set aside at the queue's head."""
+        return len(self._kept)
 
     # -- BlockPort
 
     def hold(self, block_ids: Sequence[int]) -> None:
         for i in block_ids:
             self._protected[i] += 1
-            block = self._pool.blocks[i]
-            if block.ref_cnt == 0 and i not in self._shelf and not block.is_null:
-                self._queue.remove(block)
-                self._put_on_shelf(block)
+            block = self._loose.pop(i, None)
+            if block is not None:
+                self._kept[i] = block
 
     def release(self, block_ids: Sequence[int], evict_first: bool = False) -> None:
-        back: list[KVCacheBlock] = []
+        freed: list[KVCacheBlock] = []
         for i in block_ids:
-            if self._protected[i] <= 1:
-                del self._protected[i]
-                block = self._shelf.pop(i, None)
-                if block is not None:
-                    back.append(block)
-            else:
+            if self._protected[i] > 1:
                 self._protected[i] -= 1
-        # The chain's tail is evicted before its prefix: at the queue's head
-        # (``evict_first``), or at its end, after the blocks free already.
-        if evict_first:
-            self._queue.prepend_n(back[::-1])
-        else:
-            self._queue.append_n(back[::-1])
+                continue
+            del self._protected[i]
+            block = self._kept.pop(i, None)
+            if block is not None:
+                freed.append(block)
+        for block in sorted(freed, key=lambda b: self.accounting.stamp(b.block_id)):
+            self._loose[block.block_id] = block  # oldest first, as they were freed
+        if not evict_first:
+            return
+        # Ended: the blocks no retention holds any more go before all others,
+        # the chain's tail first.
+        for i in block_ids:
+            block = self._pool.blocks[i]
+            if i in self._protected or block.ref_cnt != 0 or block.is_null:
+                continue
+            if i not in self._loose:
+                self._queue.remove(block)
+                self._loose[i] = block
+            self._loose.move_to_end(i, last=False)
 
     def free_blocks(self) -> int:
-        """Blocks an allocation takes before it needs a shelved one."""
-        return int(self._queue.num_free_blocks)
+        """Blocks an allocation takes before it needs a protected one."""
+        return int(self._queue.num_free_blocks) + len(self._loose)
+
+    def flush(self) -> None:
+        """Put every shelf block back into the free queue (before a reset)."""
+        self._queue.prepend_n([*self._loose.values(), *self._kept.values()])
+        self._loose.clear()
+        self._kept.clear()
 
     # -- the pool's wrapped methods
 
     def _num_free(self) -> int:
-        return int(self._queue.num_free_blocks) + len(self._shelf)
+        return int(self._queue.num_free_blocks) + len(self._loose) + len(self._kept)
 
     def _on_free(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         blocks = list(ordered_blocks)
         self._free(blocks)
         for block in blocks:
-            if block.ref_cnt != 0 or block.is_null or block.block_hash is None:
-                continue
-            self.accounting.freed(block.block_id)
-            if block.block_id in self._protected and block.block_id not in self._shelf:
-                self._queue.remove(block)
-                self._put_on_shelf(block)
+            if block.ref_cnt == 0 and not block.is_null and block.block_hash is not None:
+                self.accounting.freed(block.block_id)
 
     def _on_touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         for block in blocks:
-            if self._shelf.pop(block.block_id, None) is not None:
+            i = block.block_id
+            if self._kept.pop(i, None) is not None or self._loose.pop(i, None) is not None:
                 self._queue.append(block)  # for the pool's own touch to take it off
             if block.ref_cnt == 0:
-                self.accounting.hit(block.block_id)
+                self.accounting.hit(i)
         self._touch(blocks)
 
     def _on_get_new(self, num_blocks: int) -> list[KVCacheBlock]:
-        short = num_blocks - self._queue.num_free_blocks
-        while short > 0 and self._shelf and self.on_short(short):
-            short = num_blocks - self._queue.num_free_blocks
-        if short > 0 and self._shelf:
-            # The retention had nothing left to give up (a fault dropped its
-            # state): the pool must never fail for it.
-            logger.warning("agent-hints: %d shelved blocks without a retention", len(self._shelf))
-            self._queue.prepend_n(list(self._shelf.values()))
-            self._shelf.clear()
-            self._protected.clear()
-        for block in self._head(num_blocks):
+        chosen = self._choose(num_blocks)
+        for block in chosen:
             if block.block_hash is not None:
                 self.accounting.evicted(
-                    block.block_id, self._hash_of(block.block_hash), self._shelf.__contains__
+                    block.block_id, self._hash_of(block.block_hash), self._kept.__contains__
                 )
+        self._queue.prepend_n(chosen)
         return self._get_new(num_blocks)
 
-    def _head(self, n: int) -> list[KVCacheBlock]:
-        """The first ``n`` blocks of the free queue: the next evicted."""
-        out: list[KVCacheBlock] = []
-        block = self._queue.fake_free_list_head.next_free_block
-        tail = self._queue.fake_free_list_tail
-        while len(out) < n and block is not None and block is not tail:
-            out.append(block)
+    def _choose(self, n: int) -> list[KVCacheBlock]:
+        """Take off the queue and the shelf the blocks an allocation of ``n``
+        evicts, but for the queue's leading uncached blocks (they stay first
+        in line): the shelf's loose blocks (the oldest), then the queue's in
+        LRU order, setting protected ones aside, then, for what is still
+        missing, blocks the retention gives up."""
+        queue = self._queue
+        block = queue.fake_free_list_head.next_free_block
+        tail = queue.fake_free_list_tail
+        while n > 0 and block is not tail and block is not None and block.block_hash is None:
+            n -= 1
             block = block.next_free_block
-        return out
+        chosen = self._take_loose(n)
+        while len(chosen) < n and block is not tail and block is not None:
+            following = block.next_free_block
+            queue.remove(block)
+            if block.block_id in self._protected:
+                self._kept[block.block_id] = block
+                self.accounting.shelved(block.block_id)
+            else:
+                chosen.append(block)
+            block = following
+        while len(chosen) < n and self._kept and self.on_short(n - len(chosen)):
+            chosen += self._take_loose(n - len(chosen))
+        if len(chosen) < n:
+            # The retention had nothing left to give up (a fault dropped its
+            # state): the pool must never fail for it.
+            logger.warning("agent-hints: %d protected blocks without a retention", len(self._kept))
+            self._protected.clear()
+            self._loose.update(self._kept)
+            self._kept.clear()
+            chosen += self._take_loose(n - len(chosen))
+        return chosen
 
-    def _put_on_shelf(self, block: KVCacheBlock) -> None:
-        self._shelf[block.block_id] = block
-        self.accounting.shelved(block.block_id)
+    def _take_loose(self, n: int) -> list[KVCacheBlock]:
+        """Up to ``n`` loose shelf blocks, oldest first, off the shelf."""
+        return [self._loose.popitem(last=False)[1] for _ in range(min(n, len(self._loose)))]
 
     def missed(self, block_hashes: Sequence[Any]) -> None:
         """A request's prefix past the cache (its block hashes, in order)."""

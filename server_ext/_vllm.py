@@ -502,6 +502,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
 
         def reset_prefix_cache() -> bool:
             retention.release_all()
+            if isinstance(port, ShelfPort):
+                port.flush()
             return reset()
 
         kv_cache_manager.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]

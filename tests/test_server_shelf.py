@@ -40,27 +40,35 @@ def _finish(pool: BlockPool, blocks: list[KVCacheBlock]) -> None:
     pool.free_blocks(reversed(blocks))  # as vLLM frees a request: tail first
 
 
+def _age(pool: BlockPool, leave: int) -> None:
+    """Cache and free all free blocks but ``leave`` (cached ones): they are now
+    younger, in LRU order, than the ``leave`` blocks freed before."""
+    count = pool.get_num_free_blocks() - leave
+    _finish(pool, _compute(pool, [1000 + i for i in range(count)]))
+
+
 def _cached(pool: BlockPool, h: int) -> bool:
     return pool.get_cached_block(_hash(h), [0]) is not None
 
 
-def test_protected_blocks_stay_free_and_outlive_older_unprotected_ones() -> None:
+def test_protected_blocks_stay_free_and_outlive_younger_unprotected_ones() -> None:
     pool = _pool()
     port = ShelfPort(pool)
-    old = _compute(pool, [1, 2, 3])
-    _finish(pool, old)  # oldest: plain LRU evicts these first
     kept = _compute(pool, [10, 11, 12])
     port.hold([b.block_id for b in kept])
-    _finish(pool, kept)
-    assert port.shelved == 3
+    _finish(pool, kept)  # the oldest: plain LRU would evict these first
+    young = _compute(pool, [1, 2, 3])
+    _finish(pool, young)
     # vLLM sees every block free, exactly as without retention.
     assert pool.get_num_free_blocks() == N - 1
-    assert port.free_blocks() == N - 1 - 3
-    # Fill all the free queue's blocks: the unprotected old ones are evicted,
-    # the protected ones survive although they are younger...
+    assert port.free_blocks() == N - 1
+    # Take every unprotected block: the younger cached ones are evicted, the
+    # protected ones are set aside when the allocation reaches them.
     pool.get_new_blocks(N - 1 - 3)
     assert not any(_cached(pool, h) for h in (1, 2, 3))
     assert all(_cached(pool, h) for h in (10, 11, 12))
+    assert port.shelved == 3 and port.free_blocks() == 0
+    assert pool.get_num_free_blocks() == 3
 
 
 def test_an_allocation_the_queue_cannot_serve_takes_shelved_blocks_in_victim_order() -> None:
@@ -80,9 +88,25 @@ def test_an_allocation_the_queue_cannot_serve_takes_shelved_blocks_in_victim_ord
     _finish(pool, chain)
     taken = pool.get_new_blocks(N - 1 - 4 + 1)  # one more than the queue has
     assert asked == [1] and len(taken) == N - 1 - 3
-    # The queue's blocks went first, then the released chain's tail: the prefix
-    # is what stays cached.
+    # The unprotected blocks went first, then the released chain's tail: the
+    # prefix is what stays cached.
     assert [_cached(pool, h) for h in (1, 2, 3, 4)] == [True, True, True, False]
+
+
+def test_a_released_block_keeps_its_lru_place() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    chain = _compute(pool, [1])
+    port.hold([chain[0].block_id])
+    _finish(pool, chain)
+    young = _compute(pool, [2])
+    _finish(pool, young)
+    pool.get_new_blocks(N - 1 - 2 + 1)  # reaches block 1: set aside, 2 evicted instead
+    assert port.shelved == 1 and not _cached(pool, 2)
+    port.release([chain[0].block_id])  # expired: as old as it is, the next to go
+    assert port.shelved == 0 and port.free_blocks() == 1
+    pool.get_new_blocks(1)
+    assert not _cached(pool, 1)
 
 
 def test_a_release_that_is_not_for_room_makes_the_blocks_the_next_evicted() -> None:
@@ -92,9 +116,11 @@ def test_a_release_that_is_not_for_room_makes_the_blocks_the_next_evicted() -> N
     ids = [b.block_id for b in chain]
     port.hold(ids)
     _finish(pool, chain)
-    port.release(ids, evict_first=True)  # e.g. the branch ended
-    pool.get_new_blocks(1)
-    assert [_cached(pool, h) for h in (1, 2)] == [True, False]
+    young = _compute(pool, [3])
+    _finish(pool, young)
+    port.release(ids, evict_first=True)  # e.g. the branch ended: before the older block 3
+    pool.get_new_blocks(N - 1 - 3 + 1)
+    assert [_cached(pool, h) for h in (1, 2, 3)] == [True, False, True]
 
 
 def test_the_pool_never_fails_for_a_retention_that_gives_nothing_back() -> None:
@@ -114,15 +140,18 @@ def test_a_hit_on_a_shelved_block_takes_it_and_its_release_after_the_request() -
     ids = [b.block_id for b in chain]
     port.hold(ids)
     _finish(pool, chain)
+    _age(pool, leave=2)
+    pool.get_new_blocks(N - 1 - 2)  # every other block: the chain is set aside
+    assert port.shelved == 2
     hit = [pool.get_cached_block(_hash(h), [0]) for h in (1, 2)]
     blocks = [b[0] for b in hit if b is not None]
     pool.touch(blocks)  # the branch is back: its request takes its prefix
     assert port.shelved == 0 and all(b.ref_cnt == 1 for b in blocks)
-    assert pool.get_num_free_blocks() == N - 1 - 2
-    _finish(pool, blocks)  # still protected (not yet released): back on the shelf
-    assert port.shelved == 2
+    assert pool.get_num_free_blocks() == 0
+    _finish(pool, blocks)  # still protected (not yet released): in the queue again
+    assert pool.get_num_free_blocks() == 2
     port.release(ids)
-    assert port.shelved == 0 and pool.get_num_free_blocks() == N - 1
+    assert port.shelved == 0 and port.free_blocks() == 2
 
 
 def test_shared_blocks_stay_protected_until_their_last_holder_releases() -> None:
@@ -133,6 +162,8 @@ def test_shared_blocks_stay_protected_until_their_last_holder_releases() -> None
     port.hold(ids)  # the parent
     port.hold(ids[:1])  # a fork sharing the prefix
     _finish(pool, chain)
+    _age(pool, leave=2)
+    pool.get_new_blocks(N - 1 - 2)
     port.release(ids)
     assert port.shelved == 1
     port.release(ids[:1])
@@ -159,7 +190,7 @@ def test_a_hit_lru_would_have_missed_is_a_gain() -> None:
     _finish(pool, chain)  # older than everything freed below
     young = _compute(pool, list(range(20, 20 + N - 2)))
     _finish(pool, young)
-    pool.get_new_blocks(1)  # LRU would evict block 10; the shelf keeps it
+    pool.get_new_blocks(1)  # LRU would evict block 10; it is set aside instead
     assert _cached(pool, 10)
     hit = pool.get_cached_block(_hash(10), [0])
     assert hit is not None
