@@ -53,7 +53,8 @@ def test_public_api_is_exactly_the_contract() -> None:
         [
             "HEADER_NAME", "BODY_FIELD", "CONTROL_PATH", "PROTOCOL_VERSION", "USER_TOOL",
             "OTEL_CONVERSATION_ID", "SESSION_HEADER", "HintErrorCode", "HintError", "AgentHints",
-            "parse_header", "serialize_header", "parse_body", "Outcome", "ToolStart",
+            "parse_header", "serialize_header", "combine_field_lines", "parse_body", "Outcome",
+            "ToolStart",
             "ToolEnd", "Fork", "End", "ControlEvent", "ControlRequest", "parse_control",
             "EventResult", "ControlResponse", "to_vllm_fields", "from_interop", "merge_hints",
             "resolve_hints", "ROOT_BRANCH", "MAX_ID_LENGTH", "MAX_SECONDS", "MAX_EVENTS",
@@ -365,3 +366,11 @@ def test_error_messages_never_echo_the_value() -> None:
         with pytest.raises(HintError) as caught:
             parse_header(value)
         assert not re.search(secret, str(caught.value))
+
+
+def test_repeated_field_lines_are_combined_in_order() -> None:
+    # SPEC section 3 step 1: RFC 9110 field combination before parsing.
+    lines = [("Agent-Hints", 'v=1, sid="s"'), ("X-Other", "1"), ("agent-hints", 'gap=2, sid="t"')]
+    fields = hints_spec.combine_field_lines(lines)
+    assert fields == {"agent-hints": 'v=1, sid="s", gap=2, sid="t"', "x-other": "1"}
+    assert hints_spec.parse_header(fields["agent-hints"]).sid == "t"  # a later duplicate wins
