@@ -388,7 +388,7 @@ class EngineRetention:
         if short <= 0:
             return False
         due = self._warmup_due(warmup, key, now)
-        return due is None or short > self.policy.releasable_for(due, now, key)
+        return due is None or short > self.policy.releasable_for(due, now, key, short + 1)
 
     def _warmup_due(self, warmup: _InFlight, key: BranchKey, now: float) -> float | None:
         """When a warm-up's branch is expected back; None when the warm-up may

@@ -24,7 +24,6 @@ the engine-side retention (``_engine.EngineRetention``) drives it through the
 from __future__ import annotations
 
 import heapq
-import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,8 +35,6 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 __all__ = ["EvictionPayoff", "HoldPort", "ShelfPort"]
-
-logger = logging.getLogger(__name__)
 
 
 class HoldPort:
@@ -207,8 +204,11 @@ class ShelfPort:
     def release(self, block_ids: Sequence[int], evict_first: bool = False) -> None:
         freed: list[KVCacheBlock] = []
         for i in block_ids:
-            if self._protected[i] > 1:
-                self._protected[i] -= 1
+            count = self._protected.get(i)
+            if count is None:
+                continue  # revoked for an allocation (see ``_choose``)
+            if count > 1:
+                self._protected[i] = count - 1
                 continue
             del self._protected[i]
             block = self._kept.pop(i, None)
@@ -294,14 +294,14 @@ class ShelfPort:
             block = following
         while len(chosen) < n and self._kept and self.on_short(n - len(chosen)):
             chosen += self._take_loose(n - len(chosen))
-        if len(chosen) < n:
-            # The retention had nothing left to give up (a fault dropped its
-            # state): the pool must never fail for it.
-            logger.warning("agent-hints: %d protected blocks without a retention", len(self._kept))
-            self._protected.clear()
-            self._loose.update(self._kept)
-            self._kept.clear()
-            chosen += self._take_loose(n - len(chosen))
+        # What the retention did not give up (it releases a bounded number of
+        # branches per call, and blocks many of them share) is taken anyway,
+        # the oldest protected blocks first: the pool never fails for it.
+        while len(chosen) < n and self._kept:
+            i, block = next(iter(self._kept.items()))
+            del self._kept[i]
+            self._protected.pop(i, None)
+            chosen.append(block)
         return chosen
 
     def _take_loose(self, n: int) -> list[KVCacheBlock]:

@@ -60,6 +60,9 @@ class PolicyConfig:
         min_retain_s: Shortest deadline (a client ``ttl`` may ask for less).
         max_pending_returns: Branches whose departure time is remembered to
             learn gaps even when their retention is gone (LRU).
+        max_tenant_retentions: Live retentions one tenant may have (its
+            oldest victim goes for a new one): bounds the state, and so the
+            work, that one tenant's sessions make, however many share blocks.
         prefetch_min_accuracy: Prefetch warm-ups may take room from retentions
             (of branches due back later) only while at least this share of
             recent warmed retentions lasted until their branch came back
@@ -76,6 +79,7 @@ class PolicyConfig:
     gap_slack: float = 2.0
     min_retain_s: float = 5.0
     max_pending_returns: int = 16384
+    max_tenant_retentions: int = 4096
     prefetch_min_accuracy: float = 0.5
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
 
@@ -88,8 +92,8 @@ class PolicyConfig:
             raise ValueError("durations must be >= 0")
         if self.gap_slack < 1:
             raise ValueError("gap_slack must be >= 1")
-        if self.max_pending_returns < 1:
-            raise ValueError("max_pending_returns must be >= 1")
+        if self.max_pending_returns < 1 or self.max_tenant_retentions < 1:
+            raise ValueError("max_pending_returns and max_tenant_retentions must be >= 1")
         if not 0 <= self.prefetch_min_accuracy <= 1:
             raise ValueError("prefetch_min_accuracy must be in [0, 1]")
 

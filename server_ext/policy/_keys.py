@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 ROOT = "root"
 """Branch id of a session's main line (a request without ``br``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class BranchKey:
+class BranchKey(NamedTuple):
     """One branch of one session of one tenant.
 
     Every lookup in the policy goes through a full key, so a tenant can only
     name its own sessions: isolation holds by construction, not by checks.
+    (A tuple: hashed and compared in C, as the policy's indexes do per call.)
     """
 
     tenant: str

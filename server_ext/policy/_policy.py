@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -15,12 +14,28 @@ from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseR
 from ._config import PolicyConfig
 from ._estimator import MIN_GAP_S, GapEstimator, ReturnPlan
 from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent
+from ._heap import IndexedHeap
 from ._keys import ROOT, BranchHints, BranchKey
 from ._ledger import BlockLedger
+from ._order import DueIndex, Rank, VictimOrder, victim_rank
 from ._retention import Retention
 
 MAX_CHILDREN = 256
 """Live forks one retention tracks; bounds the state a tenant can create."""
+
+_RERANKS_PER_CALL = 4
+"""Branches re-ranked per call at most: a burst of them waits for later calls
+(their ranks are a little stale meanwhile) rather than stall one."""
+
+MAX_SKIPS = 16
+"""Victims of tenants within their fair share that one eviction passes over
+before it settles for fewer: bounds its work whatever the other tenants hold."""
+
+MAX_DROPS = 16
+"""Retentions one call releases at most. Retentions can share blocks (forks,
+sessions with one prefix), and a block is freed only with its last holder, so
+freeing a few blocks could otherwise release thousands; past this, room is
+made without them (the shelf takes blocks anyway, a newcomer is clipped)."""
 
 MIN_BUDGET_SCALE = 1 / 16
 """The smallest share of its budgets retention keeps while it does not pay
@@ -71,17 +86,25 @@ class RetentionPolicy:
 
     Invariants, true after every public call:
       - Each live retention's blocks were announced by exactly one ``Hold``,
-        and a later ``Release`` with the same key and block tuple ends it:
-        every ``Hold`` is matched by exactly one ``Release``.
+        and the ``Release`` actions of its key give each of them back exactly
+        once: a trimmed retention's tail first, the rest when it ends.
       - ``held_blocks`` (distinct block ids over live retentions, see
         ``BlockLedger``) is at most ``held_cap`` and each tenant's at most
         ``tenant_cap`` (the configured caps times ``budget_scale``).
-      - Every live retention has exactly one valid entry in ``_heap`` (its
-        ``token``) at its ``effective_deadline``; other entries are stale and
-        skipped, and the heap is rebuilt when they outnumber live ones. So
-        ``expire`` is O(1) when nothing is due and O(log n) per change.
+      - Every live retention is in ``_deadlines`` at its
+        ``effective_deadline``, in the victim orders (all, and its tenant's) at
+        its ``rank``, in its tenant's ``DueIndex`` while it is away, and in
+        ``_rerank`` while it is due to be re-ranked: each an addressable heap
+        or sorted list, O(log n) per change, nothing stale. So ``expire`` is
+        O(1) when nothing is due, and no operation sorts or scans all
+        retentions.
+      - A tenant has at most ``config.max_tenant_retentions`` live retentions.
       - All state is keyed by ``BranchKey`` (tenant first): one tenant's events
-        can neither see nor touch another tenant's sessions.
+        can neither see nor touch another tenant's sessions; and a tenant
+        holding no more than its fair share of the budget (the cap over the
+        tenants holding blocks) loses none of it to another tenant's
+        newcomers, nor is warm-first admission held back by another tenant's
+        branches.
 
     Args:
         config: Budgets and time bounds.
@@ -101,8 +124,14 @@ class RetentionPolicy:
         self._retentions: dict[BranchKey, Retention] = {}
         self._sessions: dict[tuple[str, str], set[str]] = {}
         self._ledger = BlockLedger()
-        self._heap: list[tuple[float, int, BranchKey]] = []
-        self._tokens = itertools.count()
+        self._deadlines = IndexedHeap[BranchKey]()
+        # Victim order (all, per tenant), branches due back per tenant, and
+        # when a branch away is next re-ranked (its predicted next use grows).
+        self._order = VictimOrder()
+        self._tenant_orders: dict[str, VictimOrder] = {}
+        self._due: dict[str, DueIndex] = {}
+        self._rerank = IndexedHeap[BranchKey]()
+        self._tenant_retentions: Counter[str] = Counter()
         # Departure time and tool of branches expected back, kept after their
         # retention is gone so that late returns still teach the estimator.
         self._pending: OrderedDict[BranchKey, _Departure] = OrderedDict()
@@ -195,6 +224,7 @@ class RetentionPolicy:
             r.arrived_at = now
             r.plan = ReturnPlan(now, 0.0)
             self._schedule(r)
+            self._index(r, now)
 
     def on_request_started(self, key: BranchKey, now: float | None = None) -> list[Action]:
         """The branch's next request was scheduled: release the retention (the
@@ -252,6 +282,8 @@ class RetentionPolicy:
         # A warm-up re-creates the retention its branch had when it left.
         since = None if departs else self._pending.get(key)
         window = self._window(key, now, horizon, hints.gap, hints.ttl, hints.tool, since)
+        if old is None and self._tenant_retentions[key.tenant] >= self.config.max_tenant_retentions:
+            actions += self._evict_own(key.tenant, now)
         kept = self._admit(key.tenant, blocks, now, window.plan.expected, actions)
         if kept == 0:
             return self._decide(actions, Outcome.REJECTED, Reason.OVER_BUDGET)
@@ -271,7 +303,7 @@ class RetentionPolicy:
         )
         if not departs and old is not None and old.arrived_at is not None:
             r.arrived_at, r.plan = old.arrived_at, old.plan
-        self._insert(r)
+        self._insert(r, now)
         actions.insert(0, Hold(key, r.block_ids))
         if hints.pbr is not None and hints.pbr != key.br:
             parent = self._retentions.get(key.sibling(hints.pbr))
@@ -318,6 +350,7 @@ class RetentionPolicy:
             r.plan = plan
             r.deadline = max(r.deadline, min(now + self.config.min_retain_s, r.horizon))
             self._schedule(r)
+            self._index(r, now)
             return self._decide([])
         if r is None:
             if departed is not None:
@@ -331,6 +364,7 @@ class RetentionPolicy:
         if departed is not None:
             self._pending[key] = departed._replace(tool=event.tool, plan=r.plan)
         self._schedule(r)
+        self._index(r, now)
         if _beyond(now, r.horizon, event.eta):
             return self._decide([], Outcome.CLIPPED, Reason.TTL_CAPPED)
         return self._decide([])
@@ -339,15 +373,17 @@ class RetentionPolicy:
 
     def expire(self, now: float | None = None) -> list[Action]:
         """Release retentions past their deadline; O(1) when none is due."""
-        now = self._now(now)
+        return self._expire(self._now(now))[0]
+
+    def _expire(self, now: float) -> tuple[list[Action], int]:
+        """``expire``'s actions, and how many distinct blocks they freed."""
         actions: list[Action] = []
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            _, token, key = heapq.heappop(heap)
-            r = self._retentions.get(key)
-            if r is not None and r.token == token:
-                actions.append(self._drop(r, ReleaseReason.EXPIRED)[0])
-        return actions
+        freed = 0
+        while (first := self._deadlines.peek()) is not None and first[0] <= now:
+            release, released, _ = self._drop(self._retentions[first[1]], ReleaseReason.EXPIRED)
+            actions.append(release)
+            freed += len(released)
+        return actions, freed
 
     def make_room(
         self,
@@ -357,50 +393,60 @@ class RetentionPolicy:
         sooner_than: float | None = None,
     ) -> list[Action]:
         """Release retentions until they free ``blocks_needed`` distinct blocks
-        or none is left, in victim order, sparing ``spare`` (the branch whose
-        request needs the room: its retention is its own prefix). With
-        ``sooner_than`` (a prefetch for a branch due back then), only
-        retentions due back later, or expired, give way. Freed blocks may still
-        be used by running requests, so the adapter calls again if the pool is
-        still short.
+        or none is left, sparing ``spare`` (the branch whose request needs the
+        room: its retention is its own prefix): expired ones first, then in
+        victim order, those of tenants over their fair share before the
+        others. With ``sooner_than`` (a prefetch for a branch due back then),
+        only retentions due back later, or expired, give way. Freed blocks
+        may still be used by running requests, so the adapter calls again if
+        the pool is still short.
         """
         now = self._now(now)
-        actions: list[Action] = []
         if blocks_needed <= 0:
+            return []
+        actions, freed = self._expire(now)
+        if freed >= blocks_needed:
             return actions
-        freed_total = 0
-        for victim in self._victims(now):
-            if victim.key == spare:
-                continue
-            if sooner_than is not None and not victim.evicts_for(sooner_than, now):
-                break
-            reason = _evict_reason(victim, now, ReleaseReason.PRESSURE)
-            release, freed, _ = self._drop(victim, reason)
-            actions.append(release)
-            freed_total += len(freed)
-            if freed_total >= blocks_needed:
-                break
+        self._rerank_due(now)
+        fair = self._fair_share()
+        over_share = any(self._ledger.tenant_held(t) > fair for t in self._ledger.tenants())
+        for within_share in (self._within(fair), None) if over_share else (None,):
+            with self._candidates(self._order, passed_over=within_share) as victims:
+                for victim in victims:
+                    if victim.key == spare:
+                        continue
+                    if sooner_than is not None and not victim.evicts_for(sooner_than, now):
+                        break
+                    release, released, _ = self._drop(victim, ReleaseReason.PRESSURE)
+                    actions.append(release)
+                    freed += len(released)
+                    if freed >= blocks_needed:
+                        return actions
         return actions
 
     def return_due(self, now: float, within_s: float, other_than: BranchKey) -> bool:
-        """Is a retained branch (not ``other_than``, not yet arrived) expected
-        back within ``within_s`` of ``now``, before or after?"""
-        return any(
-            r.arrived_at is None
-            and r.key != other_than
-            and abs(r.expected_return - now) <= within_s
-            for r in self._retentions.values()
-        )
+        """Is a retained branch of ``other_than``'s tenant (not ``other_than``
+        itself, not yet arrived) expected back within ``within_s`` of ``now``,
+        before or after? Another tenant's branches never count: its hints must
+        not hold this tenant's requests back."""
+        due = self._due.get(other_than.tenant)
+        return due is not None and due.any_within(now - within_s, now + within_s, other_than)
 
-    def releasable_for(self, expected_return: float, now: float, spare: BranchKey) -> int:
+    def releasable_for(
+        self, expected_return: float, now: float, spare: BranchKey, enough: int
+    ) -> int:
         """Held blocks that ``make_room(spare=spare, sooner_than=expected_return)``
-        may release: those of other branches due back later, or expired.
-        Blocks shared by several retentions count once per retention."""
-        return sum(
-            len(r.block_ids)
-            for r in self._retentions.values()
-            if r.key != spare and r.evicts_for(expected_return, now)
-        )
+        may release (those of other branches due back later, or expired), up
+        to ``enough`` or a little more. Blocks shared by several retentions
+        count once per retention."""
+        total = 0
+        with self._order.scan(self._rank_back) as keys:
+            for r in map(self._retentions.__getitem__, keys):
+                if total >= enough or not r.evicts_for(expected_return, now):
+                    break
+                if r.key != spare:
+                    total += len(r.block_ids)
+        return total
 
     def next_return(self, key: BranchKey, now: float) -> float | None:
         """When departed branch ``key`` is predicted back, given that it is
@@ -418,24 +464,28 @@ class RetentionPolicy:
             raise ValueError(f"budget scale must be in [{MIN_BUDGET_SCALE}, 1]")
         now = self._now(now)
         self.budget_scale = scale
-        actions: list[Action] = []
-        for victim in self._victims(now):
-            if self.held_blocks <= self.held_cap and all(
-                self._ledger.tenant_held(t) <= self.tenant_cap for t in self._ledger.tenants()
-            ):
-                break
-            if self.held_blocks > self.held_cap or (
-                self._ledger.tenant_held(victim.key.tenant) > self.tenant_cap
-            ):
-                actions.append(
-                    self._drop(victim, _evict_reason(victim, now, ReleaseReason.BUDGET))[0]
-                )
+        actions, _ = self._expire(now)
+        self._rerank_due(now)
+        with self._candidates(self._order) as victims:
+            for victim in victims:
+                if self.held_blocks <= self.held_cap:
+                    break
+                actions.append(self._drop(victim, ReleaseReason.BUDGET)[0])
+        for tenant in [t for t in self._ledger.tenants() if self._over_tenant_cap(t)]:
+            with self._candidates(self._order_of(tenant)) as victims:
+                for victim in victims:
+                    if not self._over_tenant_cap(tenant):
+                        break
+                    actions.append(self._drop(victim, ReleaseReason.BUDGET)[0])
         return actions
+
+    def _over_tenant_cap(self, tenant: str) -> bool:
+        return self._ledger.tenant_held(tenant) > self.tenant_cap
 
     def release_all(self, reason: ReleaseReason = ReleaseReason.RESET) -> list[Action]:
         """Release every retention (e.g. on reset_prefix_cache)."""
         actions: list[Action] = [self._drop(r, reason)[0] for r in list(self._retentions.values())]
-        self._heap.clear()
+        self._clear_indexes()
         return actions
 
     def forget_all(self) -> None:
@@ -445,7 +495,8 @@ class RetentionPolicy:
         self._retentions.clear()
         self._sessions.clear()
         self._ledger = BlockLedger()
-        self._heap.clear()
+        self._tenant_retentions.clear()
+        self._clear_indexes()
         self._pending.clear()
 
     # Internals.
@@ -510,35 +561,146 @@ class RetentionPolicy:
         expected_return: float,
         actions: list[Action],
     ) -> int:
-        """Make budget room for ``blocks`` by evicting other retentions (the
-        tenant's own for the tenant cap) that are due back later than
-        ``expected_return`` or expired; return how long a prefix fits."""
+        """Make budget room for ``blocks`` by evicting other retentions that
+        are expired or due back later than ``expected_return``: the tenant's
+        own for the tenant cap; for the global cap, the tenant's own or those
+        of tenants over their fair share (at most ``MAX_SKIPS`` others passed
+        over); return how long a prefix fits."""
+        expired, _ = self._expire(now)
+        actions += expired
         cap, tenant_cap = self.held_cap, self.tenant_cap
         new, new_tenant = self._ledger.new_blocks(tenant, blocks)
         over = self._ledger.held + new - cap
         over_tenant = self._ledger.tenant_held(tenant) + new_tenant - tenant_cap
+        if over <= 0 and over_tenant <= 0:
+            return len(blocks)
+        self._rerank_due(now)
         wanted = frozenset(blocks)
         for own_only in (True, False):
             if (over_tenant if own_only else over) <= 0:
                 continue
-            for victim in self._victims(now, tenant if own_only else None):
-                if not victim.evicts_for(expected_return, now):
-                    break  # the rest are due back sooner than the newcomer
-                reason = _evict_reason(victim, now, ReleaseReason.BUDGET)
-                release, freed, tenant_freed = self._drop(victim, reason)
-                actions.append(release)
-                over -= _count_outside(freed, wanted)
-                if victim.key.tenant == tenant:
-                    over_tenant -= _count_outside(tenant_freed, wanted)
-                if (over_tenant if own_only else over) <= 0:
-                    break
+            order = self._order_of(tenant) if own_only else self._order
+            fair = self._fair_share(tenant)
+            others_within = self._within(fair, but=tenant)
+            with self._candidates(order, passed_over=others_within) as victims:
+                for victim in victims:
+                    if not victim.evicts_for(expected_return, now):
+                        break  # the rest are due back sooner than the newcomer
+                    theirs = victim.key.tenant
+                    # Another tenant gives up no more than it holds over its share.
+                    excess = self._ledger.tenant_held(theirs) - math.ceil(fair)
+                    short = over_tenant if own_only else over
+                    if theirs != tenant and min(excess, short) < len(victim.block_ids):
+                        keep = len(victim.block_ids) - max(min(excess, short), 0)
+                        release, freed, tenant_freed = self._trim(victim, keep)
+                    else:
+                        release, freed, tenant_freed = self._drop(victim, ReleaseReason.BUDGET)
+                    actions.append(release)
+                    over -= _count_outside(freed, wanted)
+                    if theirs == tenant:
+                        over_tenant -= _count_outside(tenant_freed, wanted)
+                    if (over_tenant if own_only else over) <= 0:
+                        break
         if over > 0 or over_tenant > 0:
             return self._ledger.fitting_prefix(tenant, blocks, cap, tenant_cap)
         return len(blocks)
 
-    def _victims(self, now: float, tenant: str | None = None) -> list[Retention]:
-        candidates = [r for r in self._retentions.values() if tenant in (None, r.key.tenant)]
-        return sorted(candidates, key=lambda r: r.victim_rank(now))
+    def _evict_own(self, tenant: str, now: float) -> list[Action]:
+        """Make room for one more retention of ``tenant`` (at its count cap):
+        its own first victim goes."""
+        self._rerank_due(now)
+        with self._candidates(self._order_of(tenant)) as victims:
+            for victim in victims:
+                return [self._drop(victim, ReleaseReason.BUDGET)[0]]
+        return []
+
+    @contextmanager
+    def _candidates(
+        self, order: VictimOrder, passed_over: Callable[[Retention], bool] | None = None
+    ) -> Iterator[Iterator[Retention]]:
+        """The retentions of ``order`` in victim order, for the caller to
+        release: at most ``MAX_DROPS`` of them, passing over those that
+        ``passed_over`` protects (at most ``MAX_SKIPS``)."""
+        with order.scan(self._rank_back) as keys:
+
+            def victims() -> Iterator[Retention]:
+                skips = 0
+                for taken, key in enumerate(keys):
+                    r = self._retentions[key]
+                    if passed_over is not None and passed_over(r):
+                        skips += 1
+                        if skips > MAX_SKIPS:
+                            return
+                        continue
+                    if taken - skips >= MAX_DROPS:
+                        return
+                    yield r
+
+            yield victims()
+
+    def _within(self, fair: float, but: str | None = None) -> Callable[[Retention], bool]:
+        """Whether a retention's tenant (other than ``but``) holds no more
+        than ``fair`` blocks: its retentions are not another tenant's to take."""
+
+        def within(r: Retention) -> bool:
+            tenant = r.key.tenant
+            return tenant != but and self._ledger.tenant_held(tenant) <= fair
+
+        return within
+
+    def _fair_share(self, newcomer: str | None = None) -> float:
+        """The global cap split evenly over the tenants holding blocks (and
+        ``newcomer``): a tenant within it keeps what it holds."""
+        tenants = set(self._ledger.tenants())
+        if newcomer is not None:
+            tenants.add(newcomer)
+        return self.held_cap / max(len(tenants), 1)
+
+    def _order_of(self, tenant: str) -> VictimOrder:
+        order = self._tenant_orders.get(tenant)
+        if order is None:
+            order = self._tenant_orders[tenant] = VictimOrder()
+        return order
+
+    def _index(self, r: Retention, now: float) -> None:
+        """(Re-)rank ``r`` in the victim orders and the due index, and plan
+        when it is next re-ranked: at its planned return, then each time the
+        time it has been away doubles (its predicted next use grows)."""
+        key = r.key
+        r.rank = victim_rank(r, now)
+        self._order.set(key, r.rank)
+        self._order_of(key.tenant).set(key, r.rank)
+        due = self._due.setdefault(key.tenant, DueIndex())
+        due.discard(r)
+        if r.arrived_at is not None:
+            self._rerank.remove(key)
+            return
+        due.add(r)
+        since = r.plan.since
+        at = max(r.expected_return, since + 2 * (now - since))
+        if at < r.effective_deadline:
+            self._rerank.set(key, at)
+        else:
+            self._rerank.remove(key)
+
+    def _rerank_due(self, now: float) -> None:
+        """Re-rank (a bounded number of) the branches away whose time has come."""
+        for _ in range(_RERANKS_PER_CALL):
+            first = self._rerank.peek()
+            if first is None or first[0] > now:
+                return
+            self._index(self._retentions[first[1]], now)
+
+    def _rank_back(self, key: BranchKey) -> Rank | None:
+        r = self._retentions.get(key)
+        return None if r is None else r.rank
+
+    def _clear_indexes(self) -> None:
+        self._deadlines.clear()
+        self._order = VictimOrder()
+        self._tenant_orders.clear()
+        self._due.clear()
+        self._rerank.clear()
 
     def _add_children(self, r: Retention, children: Iterable[str]) -> bool:
         """Register live forks of ``r``; False if some did not fit."""
@@ -576,12 +738,14 @@ class RetentionPolicy:
                 self._schedule(r)
         return actions
 
-    def _insert(self, r: Retention) -> None:
+    def _insert(self, r: Retention, now: float) -> None:
         self._retentions[r.key] = r
         self._sessions.setdefault((r.key.tenant, r.key.sid), set()).add(r.key.br)
         self._ledger.add(r.key.tenant, r.block_ids)
+        self._tenant_retentions[r.key.tenant] += 1
         self._holds += 1
         self._schedule(r)
+        self._index(r, now)
 
     def _drop(self, r: Retention, reason: ReleaseReason) -> tuple[Release, list[int], list[int]]:
         """Forget ``r``; return its Release and the blocks no longer held
@@ -593,18 +757,35 @@ class RetentionPolicy:
         if not branches:
             del self._sessions[(key.tenant, key.sid)]
         freed, tenant_freed = self._ledger.remove(key.tenant, r.block_ids)
+        self._deadlines.remove(key)
+        self._order.remove(key)
+        self._rerank.remove(key)
+        if (order := self._tenant_orders.get(key.tenant)) is not None:
+            order.remove(key)
+        if (due := self._due.get(key.tenant)) is not None:
+            due.discard(r)
+        self._tenant_retentions[key.tenant] -= 1
+        if not self._tenant_retentions[key.tenant]:
+            del self._tenant_retentions[key.tenant]
+            self._tenant_orders.pop(key.tenant, None)
+            self._due.pop(key.tenant, None)
         self._released[reason] += 1
         if r.warmed and reason not in (ReleaseReason.REPLACED, ReleaseReason.RESET):
             self._prefetch.add(reason is ReleaseReason.RETURNED)
         return Release(key, r.block_ids, reason), freed, tenant_freed
 
+    def _trim(self, r: Retention, keep: int) -> tuple[Release, list[int], list[int]]:
+        """Keep ``r``'s first ``keep`` blocks (its prefix) and give up the
+        rest; like ``_drop``, return that Release and the blocks it frees."""
+        tail = r.block_ids[keep:]
+        r.block_ids = r.block_ids[:keep]
+        freed, tenant_freed = self._ledger.remove(r.key.tenant, tail)
+        self._released[ReleaseReason.BUDGET] += 1
+        return Release(r.key, tail, ReleaseReason.BUDGET), freed, tenant_freed
+
     def _schedule(self, r: Retention) -> None:
-        """Make a fresh heap entry ``r``'s only valid one."""
-        r.token = next(self._tokens)
-        heapq.heappush(self._heap, (r.effective_deadline, r.token, r.key))
-        if len(self._heap) > 2 * len(self._retentions) + 64:
-            self._heap = [(x.effective_deadline, x.token, x.key) for x in self._retentions.values()]
-            heapq.heapify(self._heap)
+        """Keep ``r`` in the deadline heap at its current effective deadline."""
+        self._deadlines.set(r.key, r.effective_deadline)
 
 
 class _Window(NamedTuple):
@@ -684,8 +865,3 @@ def _beyond(now: float, horizon: float, seconds: float | None) -> bool:
 
 def _count_outside(blocks: list[int], wanted: frozenset[int]) -> int:
     return sum(b not in wanted for b in blocks)
-
-
-def _evict_reason(r: Retention, now: float, live: ReleaseReason) -> ReleaseReason:
-    """Label an eviction ``expired`` when the victim was due anyway."""
-    return ReleaseReason.EXPIRED if r.effective_deadline <= now else live

@@ -21,8 +21,8 @@ class Retention:
       - While ``children`` is non-empty, or once the branch's next request has
         arrived (``arrived_at``) and waits to be scheduled, the retention lives
         to its horizon; see ``effective_deadline``.
-      - ``token`` names the only valid entry of this retention in the
-        policy's deadline heap, which is keyed by ``effective_deadline``.
+      - ``rank`` is where the policy's victim orders hold it; ``due_at``, the
+        return its tenant's due index holds it at (None: not there).
 
     Args:
         key: The branch.
@@ -42,7 +42,8 @@ class Retention:
             is queued: its blocks are the surest next use of all.
         warmed: A prefetch warm-up recomputed some of ``block_ids``; how the
             retention ends (its branch back, or released first) scores prefetch.
-        token: Current heap entry id.
+        rank: Its place in victim order, as last ranked.
+        due_at: Its place in the due index.
     """
 
     key: BranchKey
@@ -58,7 +59,8 @@ class Retention:
     children: set[str] = field(default_factory=set)
     arrived_at: float | None = None
     warmed: bool = False
-    token: int = -1
+    rank: tuple[int, float, int, float] = (0, 0.0, 0, 0.0)
+    due_at: float | None = None
 
     @property
     def effective_deadline(self) -> float:
@@ -79,19 +81,6 @@ class Retention:
         if self.arrived_at is not None:
             return self.arrived_at
         return self.plan.next_use(now)
-
-    def victim_rank(self, now: float) -> tuple[bool, bool, float, int, float]:
-        """Sort key, first = released first: expired, then furthest predicted
-        return (Belady with predicted next use, ``next_use``), then higher
-        ``prio`` number, then oldest; branches whose request already arrived
-        go last, latest arrival first (the queue serves the earliest first)."""
-        return (
-            self.arrived_at is not None,
-            self.effective_deadline > now,
-            -self.next_use(now),
-            -self.prio,
-            self.retained_at,
-        )
 
     def evicts_for(self, expected_return: float, now: float) -> bool:
         """May a newcomer expected back at ``expected_return`` take this
