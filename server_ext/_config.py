@@ -181,7 +181,9 @@ class ExtensionConfig:
             )
         return dataclasses.replace(_ESTIMATOR, hint_weight=self.gap_hint_weight)
 
-    def admission_gate(self, block_size: int, tiered: bool = False) -> WarmFirstGate | None:
+    def admission_gate(
+        self, block_size: int, tiered: bool = False, step_tokens: int | None = None
+    ) -> WarmFirstGate | None:
         """The warm-first gate for an engine of ``block_size``-token blocks,
         or None when ``max_defer_s`` is 0.
 
@@ -194,7 +196,10 @@ class ExtensionConfig:
         lookahead = 0.0 if tiered else self.defer_lookahead_s
         return WarmFirstGate(
             AdmissionConfig(
-                max_defer_s=self.max_defer_s, lookahead_s=lookahead, block_size=block_size
+                max_defer_s=self.max_defer_s,
+                lookahead_s=lookahead,
+                block_size=block_size,
+                step_tokens=step_tokens,
             )
         )
 

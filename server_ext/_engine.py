@@ -29,6 +29,7 @@ from .policy import (
     MIN_BUDGET_SCALE,
     ROOT,
     Action,
+    AdmissionTrial,
     BranchHints,
     BranchKey,
     ControlEvent,
@@ -224,10 +225,15 @@ class _InFlight:
     ``key`` and ``hints`` are set for a request with a usable hint;
     ``warmup`` marks the prefetcher's own (not real work, not the branch's
     return); ``obsolete``, a warm-up whose branch ended or came back (it
-    retains nothing); ``running``, admitted by the scheduler.
+    retains nothing); ``running``, admitted by the scheduler. A real request
+    arrived at ``arrived_at`` on the ``gated`` or open side of the admission
+    trial (``AdmissionTrial``) until its prefill is done (``prefilled``).
     """
 
     progress: Progress
+    arrived_at: float = 0.0
+    gated: bool = False
+    prefilled: bool = False
     key: BranchKey | None = None
     hints: BranchHints | None = None
     warmup: bool = False
@@ -298,6 +304,11 @@ class EngineRetention:
         return self._gate.deferrals if self._gate is not None else 0
 
     @property
+    def trial(self) -> AdmissionTrial | None:
+        """Warm-first admission's online trial (None without the gate)."""
+        return self._gate.trial if self._gate is not None else None
+
+    @property
     def prefill_seconds_per_token(self) -> float | None:
         """The engine's step time per token as the gate timed it (None: untimed)."""
         return self._gate.timer.seconds_per_token if self._gate is not None else None
@@ -317,10 +328,12 @@ class EngineRetention:
         if read_control(params) is not None:
             return False
         read = read_hint_params(params)
-        entry = self._requests[request_id] = _InFlight(progress)
+        now = self._clock()
+        entry = self._requests[request_id] = _InFlight(progress, arrived_at=now)
         if read is None or not read.prefetch:
             self._real += 1
             self.warmups_yield = True
+            entry.gated = self._gate is not None and self._gate.trial.assign()
         if read is None:
             return False
         hints = read.hints
@@ -337,7 +350,7 @@ class EngineRetention:
             if self._gate is not None:
                 held = self.policy.retention(key)
                 estimate = prompt_blocks - len(held.block_ids) if held is not None else None
-                self._gate.arrived(request_id, self._clock(), estimate)
+                self._gate.arrived(request_id, now, estimate, entry.gated)
         return True
 
     @_contained(False)
@@ -474,13 +487,27 @@ class EngineRetention:
             for request_id, tokens in scheduled.items()
         )
         if self._gate is not None:
-            self._gate.step(self._clock(), scheduled)
+            now = self._clock()
+            self._gate.step(now, scheduled)
+            self._record_first_tokens(now, scheduled)
         self._apply(self.policy.expire())
         payoff = self._pool.payoff
         if payoff is not None:
             scale = 1.0 if payoff.pays else MIN_BUDGET_SCALE
             if scale != self.policy.budget_scale:
                 self._apply(self.policy.scale_budget(scale))
+
+    def _record_first_tokens(self, now: float, scheduled: Mapping[str, int]) -> None:
+        """Real requests whose prefill this step completes: how long each
+        waited for its first token, for the admission trial."""
+        assert self._gate is not None
+        for request_id, tokens in scheduled.items():
+            r = self._requests.get(request_id)
+            if r is None or r.warmup or r.prefilled:
+                continue
+            if r.progress.num_computed_tokens + tokens >= r.progress.num_prompt_tokens:
+                r.prefilled = True
+                self._gate.trial.record(r.gated, now - r.arrived_at)
 
     def is_warmup(self, request_id: str) -> bool:
         """Whether ``request_id`` is a prefetch warm-up this engine tracks."""

@@ -21,10 +21,13 @@ here:
   ``Request.next_decode_eligible_step`` (the scheduler passes over a running
   request until that step: a warm-up yields a step to real requests),
   ``KVCacheManager.get_block_ids`` and ``SchedulerOutput.num_scheduled_tokens``;
-- ``BlockPool.touch`` / ``free_blocks`` and ``KVCacheBlock.block_hash``;
-- ``KVCacheManager.allocate_slots`` and ``reset_prefix_cache``, wrapped on the
-  bound instance: release retained blocks before the scheduler would preempt,
-  and before a prefix-cache reset;
+- the ``BlockPool`` through ``server_ext._pool`` (retention by eviction order,
+  or by held references), and ``KVCacheBlock.block_hash``;
+- ``KVCacheManager.allocate_slots`` (with held references: release them before
+  the scheduler would preempt) and ``reset_prefix_cache`` (release first),
+  wrapped on the bound instance;
+- ``SchedulerConfig.max_num_batched_tokens`` (a prefill that fits one step is
+  never held back);
 - ``EngineClient.notify_kv_transfer_request_rejected``: a pre-aborted request
   that carries control events to the engine with no inference;
 - ``app.state.vllm_config`` / ``app.state.engine_client`` / ``app.state.args``
@@ -187,6 +190,12 @@ _GAUGES = {
     "(scales warm-first admission's window; 0 until timed)",
     "budget_scale": "Share of the retention budgets in force (1 while retention pays, "
     "less while its eviction order costs more hits than it saves)",
+    "admission_gated_share": "Share of arrivals on which warm-first admission may hold "
+    "prefills back, as its online trial decides (0.5 while it learns)",
+    "admission_gated_wait_s": "Recent mean wait for the first token of requests on the "
+    "trial's gated side",
+    "admission_open_wait_s": "Recent mean wait for the first token of requests on the "
+    "trial's open (first come, first served) side",
 }
 
 
@@ -408,6 +417,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         _check_kv_role(self._tier_config, self._kv_transfer_config)
         self._total_blocks = int(kv_cache_config.num_blocks)
         self._block_size = int(vllm_config.cache_config.block_size)
+        self._step_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
         self._retention: EngineRetention | None = None
         # Retention by eviction order, and the requests whose misses it counted.
         self._shelf: ShelfPort | None = None
@@ -495,7 +505,11 @@ class AgentHintsConnector(KVConnectorBase_V1):
         retention = EngineRetention(
             policy,
             port,
-            self._config.admission_gate(self._block_size, tiered=self._planner is not None),
+            self._config.admission_gate(
+                self._block_size,
+                tiered=self._planner is not None,
+                step_tokens=self._step_tokens,
+            ),
         )
         self._retention = retention
         reset: Callable[[], bool] = kv_cache_manager.reset_prefix_cache
@@ -677,6 +691,11 @@ class AgentHintsConnector(KVConnectorBase_V1):
             if (seconds := self._retention.prefill_seconds_per_token) is not None:
                 now["prefill_seconds_per_token"] = seconds
             now["budget_scale"] = self._retention.policy.budget_scale
+            if (trial := self._retention.trial) is not None:
+                now["admission_gated_share"] = trial.gated_share
+                for side, name in ((True, "gated"), (False, "open")):
+                    if (wait := trial.mean_wait_s(side)) is not None:
+                        now[f"admission_{name}_wait_s"] = wait
         if self._shelf is not None:
             now["order_gained_blocks"] = self._shelf.payoff.total_gained
             now["order_cost_blocks"] = self._shelf.payoff.total_cost

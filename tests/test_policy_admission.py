@@ -11,6 +11,7 @@ from server_ext._config import ExtensionConfig, ExtensionConfigError
 from server_ext._engine import EngineRetention, hint_params
 from server_ext.policy import (
     AdmissionConfig,
+    AdmissionTrial,
     BranchHints,
     BranchKey,
     Payoff,
@@ -27,7 +28,9 @@ def due(within_s: float) -> bool:
 
 
 def gate(max_defer_s: float = 10.0) -> WarmFirstGate:
-    return WarmFirstGate(AdmissionConfig(max_defer_s=max_defer_s, min_gain_blocks=4))
+    return WarmFirstGate(
+        AdmissionConfig(max_defer_s=max_defer_s, min_gain_blocks=4), AdmissionTrial(fixed_share=1.0)
+    )
 
 
 def test_a_cold_request_waits_for_a_much_cheaper_one() -> None:
@@ -188,7 +191,7 @@ def test_the_operator_sets_the_admission_bounds() -> None:
 
 
 def test_lookahead_zero_never_waits_for_a_due_branch() -> None:
-    g = WarmFirstGate(AdmissionConfig(lookahead_s=0.0))
+    g = WarmFirstGate(AdmissionConfig(lookahead_s=0.0), AdmissionTrial(fixed_share=1.0))
     g.arrived("cold", now=0.0)
     assert not g.defer("cold", 40, now=0.1, warm_return_due=due)
     g.arrived("warm", now=0.1, uncached_blocks=1)
@@ -218,7 +221,9 @@ def test_the_step_timer_learns_seconds_per_token_from_busy_steps() -> None:
 def test_a_due_branch_holds_back_only_a_prefill_it_would_queue_behind() -> None:
     """The window around a due return is the held prefill's own duration, as
     the engine's steps measure it, capped by ``lookahead_s``."""
-    g = WarmFirstGate(AdmissionConfig(lookahead_s=2.5, block_size=64))
+    g = WarmFirstGate(
+        AdmissionConfig(lookahead_s=2.5, block_size=64), AdmissionTrial(fixed_share=1.0)
+    )
     assert g.lookahead(40) == 2.5  # untimed: the cap
     g.step(0.0, {"a": 2048})
     g.step(0.2, {"a": 2048})  # ~1e-4 s per token
@@ -249,3 +254,66 @@ def test_the_engine_times_its_steps_for_the_gate(seconds_per_step: float, held: 
     assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
     now[0] = due + 0.1
     assert engine.defers("c1", 30) is held
+
+
+def test_the_trial_learns_which_side_waits_less_and_keeps_probing_the_other() -> None:
+    trial = AdmissionTrial(epoch=4, min_samples=8, seed=1)
+    assert trial.gated_share == 0.5
+    for _ in range(20):
+        trial.record(True, 2.0)  # holding back made first tokens slower
+        trial.record(False, 1.0)
+    assert trial.gated_share == 0.125
+    sides = [trial.assign() for _ in range(4000)]
+    assert 0.05 < sum(sides) / len(sides) < 0.2  # mostly open, gated now and then
+    assert all(len(set(sides[i : i + 4])) == 1 for i in range(0, 4000, 4))  # whole epochs
+    for _ in range(200):
+        trial.record(True, 0.5)  # the workload changed: now it pays
+    assert trial.gated_share == 0.875
+
+
+def test_a_request_on_the_open_side_is_never_held_back() -> None:
+    g = WarmFirstGate(AdmissionConfig(), AdmissionTrial(fixed_share=0.0))
+    g.arrived("cold", 0.0, 100, gated=False)
+    g.arrived("warm", 0.0, 1, gated=False)
+    assert not g.defer("cold", 100, now=0.1)
+    g.arrived("cold2", 0.0, 100, gated=True)
+    assert g.defer("cold2", 100, now=0.1)  # the cheap open-side one still goes first
+
+
+def test_a_prefill_that_fits_one_step_is_never_held_back() -> None:
+    g = WarmFirstGate(
+        AdmissionConfig(block_size=64, step_tokens=2048), AdmissionTrial(fixed_share=1.0)
+    )
+    g.arrived("mid", 0.0, 30)  # 1,920 tokens: one step takes it beside the cheap one
+    g.arrived("long", 0.0, 100)
+    g.arrived("cheap", 0.0, 1)
+    assert not g.defer("mid", 30, now=0.1)
+    assert g.defer("long", 100, now=0.1)
+
+
+def test_the_engine_reports_each_requests_wait_for_its_first_token_to_its_side() -> None:
+    now = [0.0]
+    trial = AdmissionTrial(fixed_share=1.0)
+    e = EngineRetention(
+        RetentionPolicy(PolicyConfig(total_blocks=100), clock=lambda: now[0]),
+        _Pool(),
+        WarmFirstGate(trial=trial),
+        clock=lambda: now[0],
+    )
+
+    class Progress:
+        num_computed_tokens = 0
+        num_prompt_tokens = 100
+
+    progress = Progress()
+    assert not e.request_added("plain", None, 2, progress)  # unhinted requests count too
+    e.request_scheduled("plain")
+    now[0] = 0.25
+    e.step_scheduled({"plain": 60})  # prefill not done yet
+    assert trial.mean_wait_s(True) is None
+    progress.num_computed_tokens = 60
+    now[0] = 0.5
+    e.step_scheduled({"plain": 40})
+    assert trial.mean_wait_s(True) == pytest.approx(0.5)
+    e.step_scheduled({"plain": 1})  # a decode: counted once
+    assert trial.mean_wait_s(True) == pytest.approx(0.5) and trial.mean_wait_s(False) is None

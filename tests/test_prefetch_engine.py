@@ -18,6 +18,7 @@ from server_ext._engine import (
     read_control,
 )
 from server_ext.policy import (
+    AdmissionTrial,
     BranchKey,
     Payoff,
     PolicyConfig,
@@ -193,7 +194,7 @@ class Progress:
 
 
 def test_a_warmup_waits_while_a_real_request_waits_or_prefills() -> None:
-    e, pool, _ = engine(WarmFirstGate())
+    e, pool, _ = engine(WarmFirstGate(trial=AdmissionTrial(fixed_share=1.0)))
     pool.free = 100
     run(e, "r1", [1, 2, 3])
     e.make_room(3)

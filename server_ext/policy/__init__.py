@@ -10,7 +10,7 @@ request be admitted before a long cold prefill.
 """
 
 from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
-from ._admission import AdmissionConfig, StepTimer, WarmFirstGate
+from ._admission import AdmissionConfig, AdmissionTrial, StepTimer, WarmFirstGate
 from ._config import EstimatorConfig, PolicyConfig
 from ._estimator import GapEstimator, Prediction, ReturnPlan, median_given_elapsed
 from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent, ToolStartEvent
@@ -27,6 +27,7 @@ __all__ = [
     "ROOT",
     "Action",
     "AdmissionConfig",
+    "AdmissionTrial",
     "BranchHints",
     "BranchKey",
     "ControlEvent",

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ._heap import IndexedHeap
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,18 +25,24 @@ class AdmissionConfig:
             tier makes their return cheap anyway).
         block_size: Tokens per KV block (to time a prefill of so many blocks;
             the default is vLLM's).
+        step_tokens: The engine's token budget per step (vLLM's
+            ``max_num_batched_tokens``): a prefill that fits in one step is
+            never held back, since the step takes it beside the cheaper
+            requests anyway and holding it would only leave the budget unused
+            (None: not known, any prefill may be held).
     """
 
     max_defer_s: float = 10.0
     min_gain_blocks: int = 4
     lookahead_s: float = 2.5
     block_size: int = 16
+    step_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_defer_s < 0 or self.min_gain_blocks < 1 or self.lookahead_s < 0:
             raise ValueError("max_defer_s and lookahead_s must be >= 0 and min_gain_blocks >= 1")
-        if self.block_size < 1:
-            raise ValueError("block_size must be >= 1")
+        if self.block_size < 1 or (self.step_tokens is not None and self.step_tokens < 1):
+            raise ValueError("block_size and step_tokens must be >= 1")
 
 
 _MIN_TIMED_TOKENS = 256
@@ -81,6 +91,97 @@ class StepTimer:
         return None if spt is None else spt * tokens
 
 
+class _Waiting(NamedTuple):
+    arrived_at: float
+    gated: bool
+
+
+@dataclass(slots=True)
+class _DecayingMean:
+    """Mean of recent samples (weight ``1 / memory`` each once ``n`` is large)."""
+
+    memory: float
+    value: float = 0.0
+    n: int = 0
+
+    def add(self, sample: float) -> None:
+        self.n += 1
+        self.value += (sample - self.value) / min(self.n, self.memory)
+
+
+class AdmissionTrial:
+    """Does warm-first admission pay on this engine, now? An online trial.
+
+    Holding a cold prefill back helps when the engine is loaded and the
+    cheaper requests or the branch due back really come first, and costs
+    when they do not (a slower machine, a busy neighbour, hints that miss).
+    So arrivals are grouped in epochs of ``epoch`` requests, each *gated* (the
+    gate may hold its hinted requests back) or *open* (first come, first
+    served, as plain vLLM), drawn at random: even odds until each side has
+    ``min_samples`` requests, then ``confident`` odds for the side whose
+    requests waited less, on average, from arrival to their first token (a
+    decaying mean over ``memory`` requests), the other side still drawn now
+    and then so the verdict follows the workload. Every request counts,
+    hinted or not: the gate must pay for all of them. Epochs alternate in
+    time, so a change of the machine's speed weighs on both sides alike.
+
+    ``fixed_share`` replaces the learned odds (1.0: always gated, as for
+    clients whose hints are known to pay; tests).
+
+    Invariants: ``gated_share`` is ``fixed_share`` if set, else 0.5 until
+    both sides have ``min_samples``, else ``confident`` or ``1 - confident``.
+    """
+
+    def __init__(
+        self,
+        epoch: int = 16,
+        min_samples: int = 32,
+        confident: float = 0.875,
+        memory: float = 128.0,
+        seed: int = 0,
+        fixed_share: float | None = None,
+    ) -> None:
+        if epoch < 1 or min_samples < 1 or not 0.5 <= confident < 1 or memory < 1:
+            raise ValueError("epoch, min_samples >= 1; confident in [0.5, 1); memory >= 1")
+        if fixed_share is not None and not 0 <= fixed_share <= 1:
+            raise ValueError("fixed_share must be in [0, 1]")
+        self.fixed_share = fixed_share
+        self.epoch = epoch
+        self.min_samples = min_samples
+        self.confident = confident
+        self._rng = random.Random(seed)
+        self._waits = {True: _DecayingMean(memory), False: _DecayingMean(memory)}
+        self._gated = True
+        self._left = 0
+
+    @property
+    def gated_share(self) -> float:
+        """The odds that an epoch is gated, as the evidence stands."""
+        if self.fixed_share is not None:
+            return self.fixed_share
+        gated, open_ = self._waits[True], self._waits[False]
+        if min(gated.n, open_.n) < self.min_samples:
+            return 0.5
+        return self.confident if gated.value <= open_.value else 1.0 - self.confident
+
+    def mean_wait_s(self, gated: bool) -> float | None:
+        """Recent mean wait, arrival to first token, of one side (None: no sample)."""
+        side = self._waits[gated]
+        return side.value if side.n else None
+
+    def assign(self) -> bool:
+        """Whether a request arriving now is gated (its epoch's side)."""
+        if self._left == 0:
+            self._gated = self._rng.random() < self.gated_share
+            self._left = self.epoch
+        self._left -= 1
+        return self._gated
+
+    def record(self, gated: bool, wait_s: float) -> None:
+        """A request of that side waited ``wait_s`` for its first token."""
+        self._waits[gated].add(max(wait_s, 0.0))
+
+
 class WarmFirstGate:
     """Shortest prefill first among hinted requests waiting for the engine, bounded.
 
@@ -115,20 +216,34 @@ class WarmFirstGate:
         enter the gate and are never deferred.
     """
 
-    def __init__(self, config: AdmissionConfig | None = None) -> None:
+    def __init__(
+        self, config: AdmissionConfig | None = None, trial: AdmissionTrial | None = None
+    ) -> None:
         self.config = config or AdmissionConfig()
         self.timer = StepTimer()
-        self._waiting: dict[str, tuple[float, int | None]] = {}
+        self.trial = trial or AdmissionTrial()
+        self._waiting: dict[str, _Waiting] = {}
+        self._sizes = IndexedHeap[str]()  # uncached blocks of those known
         self.deferrals = 0
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def arrived(self, request_id: str, now: float, uncached_blocks: int | None = None) -> None:
+    def arrived(
+        self,
+        request_id: str,
+        now: float,
+        uncached_blocks: int | None = None,
+        gated: bool = True,
+    ) -> None:
         """A hinted request reached the engine; ``uncached_blocks`` is an
-        estimate (e.g. its prompt past its branch's retained blocks)."""
-        self._waiting[request_id] = (now, uncached_blocks)
+        estimate (e.g. its prompt past its branch's retained blocks). One not
+        ``gated`` (``AdmissionTrial``) is never held back, but may go before
+        others."""
+        self._waiting[request_id] = _Waiting(now, gated)
+        if uncached_blocks is not None:
+            self._sizes.set(request_id, uncached_blocks)
 
     def step(self, now: float, scheduled: Mapping[str, int]) -> None:
         """The scheduler filled a step at ``now`` (tokens per request): time it."""
@@ -162,16 +277,15 @@ class WarmFirstGate:
         entry = self._waiting.get(request_id)
         if entry is None:
             return False
-        arrived_at = entry[0]
-        self._waiting[request_id] = (arrived_at, uncached_blocks)
-        if now - arrived_at >= self.config.max_defer_s:
+        self._sizes.set(request_id, uncached_blocks)
+        if not entry.gated or now - entry.arrived_at >= self.config.max_defer_s:
             return False
         if uncached_blocks < self.config.min_gain_blocks:
             return False  # nothing cheaper could gain enough
-        cheapest = min(
-            (m for rid, (_, m) in self._waiting.items() if rid != request_id and m is not None),
-            default=None,
-        )
+        steps = self.config.step_tokens
+        if steps is not None and uncached_blocks * self.config.block_size <= steps:
+            return False  # one step takes it beside the others: waiting gains nothing
+        cheapest = self._sizes.smallest_other(request_id)
         cheaper = (
             cheapest is not None
             and uncached_blocks - cheapest >= self.config.min_gain_blocks
@@ -187,3 +301,4 @@ class WarmFirstGate:
     def left(self, request_id: str) -> None:
         """The request was scheduled or finished: no longer waiting."""
         self._waiting.pop(request_id, None)
+        self._sizes.remove(request_id)

@@ -65,6 +65,16 @@ class IndexedHeap(Generic[K]):
         """The smallest ``(priority, key)``, or None when empty."""
         return self._items[0] if self._items else None
 
+    def smallest_other(self, key: K) -> Any:
+        """The smallest priority of a key other than ``key`` (None if none)."""
+        items = self._items
+        if not items:
+            return None
+        if items[0][1] != key:
+            return items[0][0]
+        rest = [items[c][0] for c in (1, 2) if c < len(items)]
+        return min(rest) if rest else None
+
     def clear(self) -> None:
         self._items.clear()
         self._pos.clear()
