@@ -632,7 +632,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
             return AgentHintsMetadata(self._planner.step(progress))
         except Exception:
             self._contained("save planning")
-            return AgentHintsMetadata()
+            # The step's planned loads cannot reach the worker: report them
+            # failed, so vLLM recomputes those blocks.
+            return AgentHintsMetadata(self._planner.abandon())
 
     def _pace_warmups(self) -> None:
         """Make running warm-ups sit out the next step, or run again, as the

@@ -134,7 +134,7 @@ def test_calibration_stats() -> None:
 
 
 def test_memory_is_bounded_lru() -> None:
-    p, _ = planner(max_branches=3)
+    p, _ = planner(max_branches=3, tenant_share=1.0)
     keys = [BranchKey("t", f"s{i}") for i in range(10)]
     for i, key in enumerate(keys):
         p.depart(key, float(i), gap_hint=1.0)
@@ -147,6 +147,16 @@ def test_memory_is_bounded_lru() -> None:
     for i in range(1000):
         p.tool_start(keys[9], eta=float(i), now=0.0)
     assert len(p._heap) <= 2 * 3 + 64 + 1
+
+
+def test_one_tenant_cannot_push_another_tenants_plans_out() -> None:
+    p, _ = planner(max_branches=8, tenant_share=0.25)
+    kept = BranchKey("victim", "v")
+    p.depart(kept, 0.0, gap_hint=1.0)
+    for i in range(100):
+        p.depart(BranchKey("flood", f"s{i}"), 1.0 + i, gap_hint=1.0)
+    assert p.plan(kept) is not None
+    assert sum(p.plan(BranchKey("flood", f"s{i}")) is not None for i in range(100)) == 2
 
 
 def test_invalid_arguments() -> None:

@@ -87,7 +87,9 @@ class PrefetchPlanner:
 
     Invariants, true after every public call:
       - At most ``max_branches`` branches are tracked (least recently
-        departed or updated dropped first), with one ``_sessions`` entry each.
+        departed or updated dropped first), with one ``_sessions`` entry each,
+        and at most ``tenant_share`` of them of one tenant (its own least
+        recent dropped first): one tenant cannot push another's plans out.
       - Every tracked branch not yet fired has exactly one valid heap entry
         (its ``token``) at its ``warm_at``; other entries are stale and
         skipped, and the heap is rebuilt when they outnumber live ones.
@@ -98,6 +100,7 @@ class PrefetchPlanner:
         estimator: Gap estimator (default: a new one).
         clock: Monotonic seconds; methods also take an explicit ``now``.
         max_branches: Cap on tracked branches.
+        tenant_share: Share of ``max_branches`` one tenant may take.
         margin_s: Added to every lead time (scheduling and HTTP overhead).
         seconds_per_token: Initial warm-up cost, seconds per prompt token.
         smoothing: EWMA weight of each measured warm-up.
@@ -109,17 +112,23 @@ class PrefetchPlanner:
         *,
         clock: Callable[[], float] = time.monotonic,
         max_branches: int = 4096,
+        tenant_share: float = 0.25,
         margin_s: float = 0.25,
         seconds_per_token: float = 1e-4,
         smoothing: float = 0.3,
     ) -> None:
         if max_branches < 1 or margin_s < 0 or seconds_per_token < 0:
             raise ValueError("max_branches must be >= 1, margin and cost >= 0")
+        if not 0 < tenant_share <= 1:
+            raise ValueError("tenant_share must be in (0, 1]")
         if not 0 < smoothing <= 1:
             raise ValueError("smoothing must be in (0, 1]")
         self.estimator = estimator or GapEstimator()
         self._clock = clock
         self._max = max_branches
+        self._tenant_max = max(int(max_branches * tenant_share), 1)
+        # Each tenant's tracked branches, least recently departed or updated first.
+        self._by_tenant: dict[str, OrderedDict[BranchKey, None]] = {}
         self._margin = margin_s
         self._spt = seconds_per_token
         self._smoothing = smoothing
@@ -174,6 +183,11 @@ class PrefetchPlanner:
             self._sessions.setdefault((key.tenant, key.sid), set()).add(key.br)
         b = _Branch(now, tool, gap_hint, tokens, now, now, now)
         self._branches[key] = b
+        mine = self._by_tenant.setdefault(key.tenant, OrderedDict())
+        mine[key] = None
+        mine.move_to_end(key)
+        if len(mine) > self._tenant_max:
+            self._forget(next(iter(mine)))
         if len(self._branches) > self._max:
             self._forget(next(iter(self._branches)))
         self._replan(key, b, now)
@@ -198,6 +212,7 @@ class PrefetchPlanner:
         if b is None:
             return
         self._branches.move_to_end(key)
+        self._by_tenant[key.tenant].move_to_end(key)
         b.tool = tool if tool is not None else b.tool
         b.gap = eta if eta is not None else b.gap
         self._replan(key, b, self._now(now))
@@ -283,6 +298,10 @@ class PrefetchPlanner:
     def _forget(self, key: BranchKey) -> None:
         if self._branches.pop(key, None) is None:
             return
+        mine = self._by_tenant[key.tenant]
+        del mine[key]
+        if not mine:
+            del self._by_tenant[key.tenant]
         session = (key.tenant, key.sid)
         branches = self._sessions[session]
         branches.discard(key.br)
