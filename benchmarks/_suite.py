@@ -68,6 +68,11 @@ class Family:
         control: The hinted client's control events (``ControlStyle``).
         unhinted_share: Share of the sessions (every other one by id at 0.5)
             whose client sends no hints, in every configuration.
+        source: ``traces`` (the anonymized traces, ``benchmarks._replay``) or
+            ``claude-code`` (Claude Code sessions through the SDK's own agent
+            loop, ``benchmarks.agent_replay``: its KV plan, a third of the
+            live working set; ``kv_blocks``, ``max_requests``, ``control``
+            and ``unhinted_share`` do not apply).
     """
 
     name: str
@@ -79,6 +84,7 @@ class Family:
     kv_blocks: int = 256
     control: ControlStyle = "turns"
     unhinted_share: float = 0.0
+    source: Literal["traces", "claude-code"] = "traces"
 
     def unhinted(self, trace_ids: Sequence[str]) -> frozenset[str]:
         """The sessions among ``trace_ids`` (in id order) that send no hints."""
@@ -115,6 +121,12 @@ FAMILIES: dict[str, Family] = {
             "half the sessions unhinted (they must not get slower)",
             max_think_s=5.0,
             unhinted_share=0.5,
+        ),
+        Family(
+            "claude-code",
+            "Claude Code sessions through the SDK's agent loop (tool-aware hints)",
+            time_scale=20.0,
+            source="claude-code",
         ),
     )
 }

@@ -152,7 +152,7 @@ def parser(
     return p
 
 
-def _session_info(
+def session_info(
     sessions: Sequence[Session], k: int, block_size: int
 ) -> tuple[list[dict[str, Any]], int]:
     """Per-session facts, and the distinct prompt blocks of the whole run."""
@@ -178,7 +178,7 @@ def _session_info(
     return info, index.blocks
 
 
-def _max_model_len(info: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> int:
+def context_length(info: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> int:
     """The servers' context: the longest prompt plus ``--max-out``, in whole blocks, at
     most ``--max-model-len``. No longer, since vLLM's KV must hold one full-length
     request: a longer context would set a floor on ``--kv-blocks``."""
@@ -187,7 +187,7 @@ def _max_model_len(info: Sequence[Mapping[str, Any]], args: argparse.Namespace) 
     return min(int(args.max_model_len), math.ceil(longest / size) * size)
 
 
-def _kv_plan(
+def kv_plan(
     info: Sequence[Mapping[str, Any]],
     distinct_blocks: int,
     max_model_len: int,
@@ -344,9 +344,9 @@ def replay_sessions(
     after each configuration and the plots at the end."""
     configs = _configs(args.configs)
     extension_config = _extension_config(args.extension_config)
-    info, distinct = _session_info(sessions, args.scale_k, args.block_size)
-    max_model_len = _max_model_len(info, args)
-    working_set, kv_blocks, unlimited_blocks = _kv_plan(info, distinct, max_model_len, args)
+    info, distinct = session_info(sessions, args.scale_k, args.block_size)
+    max_model_len = context_length(info, args)
+    working_set, kv_blocks, unlimited_blocks = kv_plan(info, distinct, max_model_len, args)
     for i in info:
         print(
             f"{i['id']}: {i['requests']} requests, {i['tool_calls']} tool calls, "

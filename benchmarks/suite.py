@@ -23,7 +23,8 @@ import datetime
 import json
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +32,12 @@ import httpx2
 
 from server_ext import LocalServer, make_test_model
 
+from . import agent_replay
+from ._agent_replay import agent_replay as agent_run
 from ._plots import write_ratio_plot
 from ._replay import ReplaySettings, RequestRecord, replay
 from ._report import summarize
-from ._run import OnDone, machine, run_config
+from ._run import OnDone, Replay, machine, run_config
 from ._server import ServerPlan, sigterm_as_exit
 from ._spread import format_spread, spread_json
 from ._suite import (
@@ -60,6 +63,12 @@ _NEIGHBOUR_LIMIT_S = 4 * 3600.0
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.suite", description=__doc__)
     p.add_argument("--traces", type=Path, help="default: $AGENT_HINTS_TRACES or ../shared/traces")
+    p.add_argument(
+        "--claude-code",
+        type=Path,
+        help="Claude Code transcripts for the claude-code family (default: "
+        "$AGENT_HINTS_CLAUDE_CODE or ../shared/traces-claude-code)",
+    )
     p.add_argument(
         "--quick", action="store_true", help=f"one repeat of {', '.join(QUICK_FAMILIES)}"
     )
@@ -174,18 +183,24 @@ class _Suite:
         tmp.replace(self.args.out)
 
 
-def _run_family(
-    suite: _Suite,
-    family: Family,
-    condition: str,
-    repeats: int,
-    config_names: Sequence[str],
-    model: str,
-    traces_dir: Path,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class _Workload:
+    """What a family replays, ready to run: the shared server plan, the number
+    of requests (for the progress bar), the sessions that send no hints, the
+    facts for the JSON, and how one configuration replays it."""
+
+    plan: ServerPlan
+    total: int
+    unhinted: frozenset[str]
+    facts: dict[str, Any]
+    replay: Callable[[bool], Replay]
+
+
+def _trace_workload(suite: _Suite, family: Family, model: str) -> _Workload:
+    """A family of the anonymized traces, replayed by ``benchmarks._replay``."""
     args = suite.args
     traces = select_traces(
-        traces_dir,
+        args.traces or default_traces_dir(REPO_ROOT),
         args.scale_k,
         args.max_model_len - args.max_out,
         n_traces=args.sessions or family.n_traces,
@@ -193,12 +208,6 @@ def _run_family(
     )
     info, distinct = trace_info(traces, args.scale_k, args.block_size)
     unhinted = family.unhinted([t.trace_id for t in traces])
-    suite.workloads[family.name] = {
-        "description": family.description,
-        "family": dataclasses.asdict(family),
-        "traces": info,
-        "unhinted": sorted(unhinted),
-    }
     plan = ServerPlan(
         model=model,
         kv_blocks=family.kv_blocks,
@@ -210,7 +219,87 @@ def _run_family(
         extra_config=suite.extension_config,
         startup_timeout_s=args.startup_timeout,
     )
+
+    def replay_with(hinted: bool) -> Replay:
+        async def replay_on(server: LocalServer, on_done: OnDone) -> list[RequestRecord]:
+            settings = ReplaySettings(
+                base_url=server.root_url,
+                model=server.model,
+                k=args.scale_k,
+                time_scale=family.time_scale,
+                max_think_s=family.max_think_s,
+                max_out=args.max_out,
+                hints=hinted,
+                block_size=args.block_size,
+                control=family.control,
+                unhinted=unhinted,
+            )
+            timeout = httpx2.Timeout(settings.request_timeout_s, connect=10.0)
+            async with httpx2.AsyncClient(timeout=timeout) as client:
+                return await replay(traces, settings, client, on_done=on_done)
+
+        return replay_on
+
     total = sum(t.num_requests for t in traces)
+    return _Workload(plan, total, unhinted, {"traces": info}, replay_with)
+
+
+def _agent_workload(suite: _Suite, family: Family, model: str) -> _Workload:
+    """A family of Claude Code sessions, replayed through the SDK's own agent
+    loop (``benchmarks.agent_replay``: tool-aware hints, control events)."""
+    args = suite.args
+    options = [
+        "--sessions", str(args.sessions or family.n_traces),
+        "--time-scale", str(family.time_scale), "--max-think", str(family.max_think_s),
+        "--scale-k", str(args.scale_k), "--max-out", str(args.max_out),
+        "--block-size", str(args.block_size), "--max-model-len", str(args.max_model_len),
+    ]  # fmt: skip
+    if args.claude_code is not None:
+        options += ["--claude-code", str(args.claude_code)]
+    agent_args = agent_replay.parser().parse_args(options)
+    source, sessions = agent_replay.load(agent_args)
+    info, distinct = agent_replay.session_info(sessions, args.scale_k, args.block_size)
+    max_model_len = agent_replay.context_length(info, agent_args)
+    _, kv_blocks, unlimited = agent_replay.kv_plan(info, distinct, max_model_len, agent_args)
+    plan = ServerPlan(
+        model=model,
+        kv_blocks=kv_blocks,
+        unlimited_blocks=unlimited,
+        block_size=args.block_size,
+        max_model_len=max_model_len,
+        extra_config=suite.extension_config,
+        startup_timeout_s=args.startup_timeout,
+    )
+
+    def replay_with(hinted: bool) -> Replay:
+        async def replay_on(server: LocalServer, on_done: OnDone) -> list[RequestRecord]:
+            settings = ReplaySettings(
+                base_url=server.root_url,
+                model=server.model,
+                k=args.scale_k,
+                time_scale=family.time_scale,
+                max_think_s=family.max_think_s,
+                max_out=args.max_out,
+                hints=hinted,
+                block_size=args.block_size,
+            )
+            return (await agent_run(sessions, settings, on_done=on_done)).records
+
+        return replay_on
+
+    facts = {"source": source.describe(), "sessions": info}
+    return _Workload(plan, sum(i["requests"] for i in info), frozenset(), facts, replay_with)
+
+
+def _run_family(
+    suite: _Suite,
+    family: Family,
+    condition: str,
+    repeats: int,
+    config_names: Sequence[str],
+    model: str,
+) -> None:
+    args = suite.args
     configs = [SUITE_CONFIGS[n] for n in config_names]
     pending = [
         (r, c)
@@ -220,34 +309,28 @@ def _run_family(
     ]
     if not pending:
         return
+    build = _agent_workload if family.source == "claude-code" else _trace_workload
+    try:
+        workload = build(suite, family, model)
+    except SystemExit as e:  # the family's sessions are not on this machine
+        print(f"skipping {family.name}: {e}", file=sys.stderr)
+        return
+    suite.workloads[family.name] = {
+        "description": family.description,
+        "family": dataclasses.asdict(family),
+        "unhinted": sorted(workload.unhinted),
+        **workload.facts,
+    }
     with busy_neighbour(condition == "noisy", _NEIGHBOUR_LIMIT_S):
         for repeat, config in pending:
             print(f"== {family.name} / {condition} / repeat {repeat + 1} of {repeats}", flush=True)
-
-            async def replay_on(
-                server: LocalServer, on_done: OnDone, hinted: bool = config.hints
-            ) -> list[RequestRecord]:
-                settings = ReplaySettings(
-                    base_url=server.root_url,
-                    model=server.model,
-                    k=args.scale_k,
-                    time_scale=family.time_scale,
-                    max_think_s=family.max_think_s,
-                    max_out=args.max_out,
-                    hints=hinted,
-                    block_size=args.block_size,
-                    control=family.control,
-                    unhinted=unhinted,
-                )
-                timeout = httpx2.Timeout(settings.request_timeout_s, connect=10.0)
-                async with httpx2.AsyncClient(timeout=timeout) as client:
-                    return await replay(traces, settings, client, on_done=on_done)
-
             logs = args.out.with_name(f"{args.out.stem}-logs")
-            run = run_config(config, plan, logs, total, replay_on)
+            run = run_config(
+                config, workload.plan, logs, workload.total, workload.replay(config.hints)
+            )
             entry: dict[str, Any] = {"summary": summarize(run)}
-            if unhinted:
-                entry["unhinted"] = group_summary(run, unhinted)
+            if workload.unhinted:
+                entry["unhinted"] = group_summary(run, workload.unhinted)
             suite.add(family.name, condition, repeat, config.name, entry)
 
 
@@ -292,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not isinstance(extension_config, dict):
         sys.exit("error: --extension-config must be a JSON object")
     traces_dir: Path = args.traces or default_traces_dir(REPO_ROOT)
-    if not traces_dir.is_dir():
+    if not traces_dir.is_dir() and any(FAMILIES[n].source == "traces" for n in families):
         sys.exit(
             f"error: trace directory {traces_dir} not found: pass --traces DIR or set "
             "AGENT_HINTS_TRACES"
@@ -302,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = args.model or str(make_test_model(tmp))
         for condition in conditions:
             for name in families:
-                _run_family(suite, FAMILIES[name], condition, repeats, configs, model, traces_dir)
+                _run_family(suite, FAMILIES[name], condition, repeats, configs, model)
     suite.save()
     print(_report(suite))
     rows = [
