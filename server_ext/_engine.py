@@ -165,8 +165,9 @@ class BlockPort(Protocol):
 
     ``hold`` protects each block (a held block is not evicted while the hold
     lasts, unless the pool asks the retention for room); ``release`` ends
-    one protection, tail first, so the prefix stays cached longest, and with
-    ``evict_first`` makes the blocks the first a later allocation evicts;
+    one protection, tail first, so the prefix stays cached longest; with
+    ``evict_first`` (an ended branch) its blocks are the first a later
+    allocation evicts, else they keep their place in LRU order;
     ``free_blocks`` counts blocks an allocation may take without touching a
     held or running one (cached but unreferenced blocks included). ``payoff``
     (None if the port cannot tell) is what holding gained and cost against
@@ -567,7 +568,7 @@ class EngineRetention:
             self.policy.forget_all()
         finally:
             if held:
-                self._pool.release(list(held.elements()), evict_first=True)
+                self._pool.release(list(held.elements()))
 
     def _apply(self, actions: list[Action]) -> None:
         holds = [a.block_ids for a in actions if isinstance(a, Hold)]
@@ -582,9 +583,8 @@ class EngineRetention:
             self._held.update(block_ids)
         for release in releases:
             block_ids = release.block_ids
-            # Given up for room, a branch's blocks are the next ones evicted
-            # after the free queue's; ended, expired or outbid, before them.
-            self._pool.release(block_ids, evict_first=release.reason is not ReleaseReason.PRESSURE)
+            # An ended branch's blocks go first; any other's keep their place.
+            self._pool.release(block_ids, evict_first=release.reason is ReleaseReason.END)
             for b in block_ids:
                 if self._held[b] == 1:
                     del self._held[b]
