@@ -13,7 +13,7 @@ import time
 from types import TracebackType
 from typing import TextIO
 
-from tqdm import tqdm  # type: ignore[import-untyped]  # no stubs; installed with vLLM
+from tqdm import tqdm
 
 __all__ = ["Progress"]
 

@@ -96,8 +96,14 @@ class ServerPlan:
         return self.unlimited_blocks if config.unlimited else self.kv_blocks
 
     def extra_config_of(self, config: Config, mooncake_master: str | None) -> dict[str, object]:
-        """The extension's settings for ``config``."""
-        extra: dict[str, object] = {**(self.extra_config or {}), "prefetch": config.prefetch}
+        """The extension's settings for ``config``: ``extra_config``, the
+        configuration's mechanisms, and the per-session counters on
+        ``/metrics`` that the report reads (they change no behaviour)."""
+        extra: dict[str, object] = {
+            "state_metrics": True,
+            **(self.extra_config or {}),
+            "prefetch": config.prefetch,
+        }
         if config.tier is not None:
             extra.update(tier=config.tier, tier_bytes=self.tier_bytes)
         if config.tier == "mooncake":

@@ -37,6 +37,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="prefix the tenant to every request's cache_salt (default: on)",
     )
     serve.add_argument(
+        "--admission-trial",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="warm-first admission tries itself out online and steps back where it does "
+        "not pay (default: on; --no-admission-trial: it always applies)",
+    )
+    serve.add_argument(
         "--control-rate",
         type=float,
         help="control-endpoint requests per second per tenant (0: unlimited)",
@@ -104,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("tenant_header", "tenant_header_peers", "gateway_secret_header"):
         if getattr(args, name):
             extra[name] = getattr(args, name)
-    for flag in ("salt_per_tenant", "prefetch", "state_metrics"):
+    for flag in ("salt_per_tenant", "prefetch", "state_metrics", "admission_trial"):
         if getattr(args, flag) is not None:
             extra[flag] = getattr(args, flag)
     command = vllm_command(args.model, rest, extra_config=extra)

@@ -12,7 +12,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .policy import AdmissionConfig, EstimatorConfig, PolicyConfig, WarmFirstGate
+from .policy import AdmissionConfig, AdmissionTrial, EstimatorConfig, PolicyConfig, WarmFirstGate
 
 __all__ = [
     "CONNECTOR_MODULE",
@@ -91,6 +91,10 @@ class ExtensionConfig:
             within the time the prefill would take, as measured on the
             engine's steps, and at most this many seconds; for at most
             ``max_defer_s``.
+        admission_trial: Warm-first admission tries itself out online
+            (``AdmissionTrial``): epochs of arrivals gated or first come,
+            first served, and it keeps to the side whose first tokens come
+            sooner. False: it always applies (clients known to gain from it).
         gap_hint_weight: How many observed gaps a client's ``gap`` (or a
             tool's ``eta``) counts for against the gaps the server learned;
             raise it for clients whose hints are known to be accurate.
@@ -111,6 +115,7 @@ class ExtensionConfig:
     prefetch_min_accuracy: float = _POLICY.prefetch_min_accuracy
     max_defer_s: float = _ADMISSION.max_defer_s
     defer_lookahead_s: float = _ADMISSION.lookahead_s
+    admission_trial: bool = True
     gap_hint_weight: float = _ESTIMATOR.hint_weight
 
     @classmethod
@@ -200,7 +205,8 @@ class ExtensionConfig:
                 lookahead_s=lookahead,
                 block_size=block_size,
                 step_tokens=step_tokens,
-            )
+            ),
+            AdmissionTrial(fixed_share=None if self.admission_trial else 1.0),
         )
 
 

@@ -8,6 +8,11 @@ whose return is not due yet (gap 600 s) gets no warm-up and stays evicted. A
 warm-up also runs beside another request's decode, and sits out the steps of
 another request's prefill (a step budget of 128 tokens: a prefill takes several
 steps). The same through the SDK: an agent's tool announced with its ETA.
+
+Warm-first admission is off here (``max_defer_s`` 0): in its trial's gated epochs
+it would hold the cold prefills back for the session due in 3 s, and a warm-up
+yields only to a prefill that is scheduled. The gate is tested in
+test_policy_admission and test_prefetch_engine.
 """
 
 from __future__ import annotations
@@ -38,7 +43,12 @@ def server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         test_model_dir,
         kv_blocks=48,
         max_model_len=2048,
-        extra_config={"prefetch": True, "max_held_fraction": 0.2, "state_metrics": True},
+        extra_config={
+            "prefetch": True,
+            "max_held_fraction": 0.2,
+            "state_metrics": True,
+            "max_defer_s": 0,
+        },
         args=["--max-num-batched-tokens", "128"],
         log_dir=tmp_path_factory.mktemp("prefetch-logs"),
     ) as server:
