@@ -24,8 +24,14 @@ here:
 - the ``BlockPool`` through ``server_ext._pool`` (retention by eviction order,
   or by held references), and ``KVCacheBlock.block_hash``;
 - ``KVCacheManager.allocate_slots`` (with held references: release them before
-  the scheduler would preempt) and ``reset_prefix_cache`` (release first),
-  wrapped on the bound instance;
+  the scheduler would preempt; with warm-ups running: make vLLM preempt them,
+  not a real request) and ``reset_prefix_cache`` (release first), wrapped on
+  the bound instance;
+- the scheduler that binds the KV cache manager (the caller's ``self``, as vLLM
+  hands connectors no reference to it): ``Scheduler.running``, whose last entry
+  vLLM's FCFS policy preempts, ``Scheduler.policy``, and
+  ``has_pending_block_frees`` (True: vLLM passes over a request for a step
+  instead of preempting), ``Request.num_preemptions``;
 - ``SchedulerConfig.max_num_batched_tokens`` (a prefill that fits one step is
   never held back);
 - ``EngineClient.notify_kv_transfer_request_rejected``: a pre-aborted request
@@ -40,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +69,7 @@ from vllm.entrypoints.serve.middleware.authenticate import (
     GUARDED_PREFIX,
     AuthenticationMiddleware,
 )
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.request import RequestStatus
 
 from ._config import CONNECTOR_NAME, ExtensionConfig
@@ -243,6 +251,8 @@ _COUNTERS = {
     "faults": "Internal retention faults contained (each dropped all retentions)",
     "deferrals": "Scheduler steps a long cold prefill waited for a cheaper hinted request",
     "warmup_yields": "Scheduler steps a running prefetch warm-up sat out for a real prefill",
+    "real_preemptions": "Times vLLM preempted a request that has finished since (not a warm-up)",
+    "warmup_preemptions": "Times vLLM preempted a prefetch warm-up (they go before real requests)",
     "predicted_returns": "Branch returns whose predicted gap was checked against the actual one",
     "return_log2_error_sum": "Sum of |log2(actual gap / predicted gap)| over predicted returns",
     "returns_within_2x": "Predicted returns whose actual gap was within 2x of the prediction",
@@ -388,6 +398,69 @@ def _shared_store_probe(config: TierConfig) -> GuardedTier:
     return probe
 
 
+def _binding_scheduler() -> Any | None:
+    """The scheduler calling ``bind_kv_cache_manager`` (two frames up), or None
+    when that caller is not one (its ``running`` list is what vLLM preempts
+    from; vLLM gives connectors no reference to it)."""
+    frame = sys._getframe(2)
+    owner = frame.f_locals.get("self")
+    if isinstance(getattr(owner, "running", None), list):
+        return owner
+    logger.warning("agent-hints: no scheduler bound the KV cache; warm-ups may be preempted last")
+    return None
+
+
+class WarmupsGoFirst:
+    """Makes vLLM preempt a warm-up, never a real request, to free blocks.
+
+    When a running request's allocation fails, vLLM's FCFS scheduler preempts
+    the last entry of ``running``: often a real request admitted after a
+    warm-up that keeps its blocks. ``short`` runs on such a failure, before
+    vLLM picks: a warm-up that may be preempted this step (the failing one
+    itself; one behind a failing real request, not yet scheduled; or one
+    ahead of it that sits the step out) is swapped into the last place, which
+    vLLM takes. Otherwise, while a warm-up ahead of the real request runs this
+    step (its blocks come free when its prefill ends), ``passing`` has vLLM
+    pass over the request for the step (``has_pending_block_frees``) instead
+    of preempting. A swap only moves entries vLLM visits later or not at all
+    this step, never one it scheduled. With the priority policy (vLLM picks by
+    priority) only ``passing`` applies.
+    """
+
+    def __init__(self, scheduler: Any, warmups: Mapping[str, Request]) -> None:
+        self._scheduler = scheduler
+        self._warmups = warmups
+        self._fcfs = getattr(scheduler, "policy", None) == SchedulingPolicy.FCFS
+        self.passing = False
+
+    def short(self, request: Request) -> None:
+        """``request``'s allocation failed; vLLM preempts next."""
+        self.passing = False
+        warmups = self._warmups
+        if not warmups:
+            return
+        running: list[Request] = self._scheduler.running
+        try:
+            at = running.index(request)
+        except ValueError:  # a waiting request: vLLM preempts nothing for it
+            return
+        if request.request_id in warmups:
+            if self._fcfs:  # vLLM preempts the warm-up itself, and stops there
+                running[at], running[-1] = running[-1], running[at]
+            return
+        ahead_running = False
+        for i in range(len(running) - 1, -1, -1):
+            r = running[i]
+            if r.request_id not in warmups:
+                continue
+            paused = r.next_decode_eligible_step >= _PAUSED
+            if self._fcfs and (i > at or paused):
+                running[i], running[-1] = running[-1], running[i]
+                return
+            ahead_running = ahead_running or (i < at and not paused)
+        self.passing = ahead_running
+
+
 class AgentHintsConnector(KVConnectorBase_V1):
     """Scheduler-side connector that turns agent hints into KV retention, plus an
     optional KV tier below device memory (``"tier"`` in the extra config).
@@ -430,6 +503,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
         # and the steps a running one sat out.
         self._warmups: dict[str, Request] = {}
         self._warmup_yields = 0
+        self._guard: WarmupsGoFirst | None = None
+        # Preemptions of finished requests: real ones, warm-ups.
+        self._preemptions = {False: 0, True: 0}
         # Tier, worker side.
         self._tier_worker: TierWorker | None = None
         self._shared_probe: GuardedTier | None = None
@@ -521,12 +597,16 @@ class AgentHintsConnector(KVConnectorBase_V1):
             return reset()
 
         kv_cache_manager.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
+        held = not isinstance(port, ShelfPort)
         if isinstance(port, ShelfPort):
             # Shelved blocks count as free: an allocation that the free queue
             # cannot serve takes them, in the retention's victim order.
             port.on_short = retention.make_room
             self._shelf = port
-            return
+        scheduler = _binding_scheduler()
+        if scheduler is not None:
+            self._guard = WarmupsGoFirst(scheduler, self._warmups)
+        guard = self._guard
         block_size = self._block_size
         allocate: Callable[..., Any] = kv_cache_manager.allocate_slots
 
@@ -535,11 +615,18 @@ class AgentHintsConnector(KVConnectorBase_V1):
             # Soft retention: before the scheduler preempts or defers anything,
             # give back held blocks, furthest expected return first.
             needed = -(-num_new_tokens // block_size)
-            while blocks is None and retention.make_room(needed, request.request_id):
+            while held and blocks is None and retention.make_room(needed, request.request_id):
                 blocks = allocate(request, num_new_tokens, *args, **kw)
+            if blocks is None and guard is not None:
+                guard.short(request)
             return blocks
 
         kv_cache_manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
+
+    def has_pending_block_frees(self) -> bool:
+        """True while a running warm-up will free blocks soon: vLLM then passes
+        over the request it could not allocate instead of preempting one."""
+        return self._guard is not None and self._guard.passing
 
     def _one_hashed_group(self) -> bool:
         """Whether the KV cache is one group hashed per block: the layout in
@@ -665,7 +752,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
         retention = self._retention
         if retention is None:
             return False, None
-        self._warmups.pop(request.request_id, None)
+        warmup = self._warmups.pop(request.request_id, None) is not None
+        self._preemptions[warmup] += request.num_preemptions
         self._looked_up.discard(request.request_id)
         control = read_control(request.kv_transfer_params)
         if control is not None:
@@ -690,6 +778,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
             now["faults"] = self._retention.faults
             now["deferrals"] = self._retention.deferrals
             now["warmup_yields"] = self._warmup_yields
+            now["real_preemptions"] = self._preemptions[False]
+            now["warmup_preemptions"] = self._preemptions[True]
             if (seconds := self._retention.prefill_seconds_per_token) is not None:
                 now["prefill_seconds_per_token"] = seconds
             now["budget_scale"] = self._retention.policy.budget_scale
