@@ -9,8 +9,9 @@ the connector untouched): an inference request carries the SPEC's lowering
 (``hints_spec.to_vllm_fields``: ``HINTS_KEY`` = the normalized hint) plus
 ``TENANT_KEY`` = the tenant the API server resolved, and ``PREFETCH_KEY: true``
 on the prefetcher's own warm-ups; a control message carries ``CONTROL_KEY`` =
-``{"tenant", "sid", "events"}``. The middleware strips all four keys from client
-bodies first, so only it can set them.
+``{"tenant", "sid", "events"}`` (and ``"learned": true`` when the API server
+wrote the events from its own response, not the client). The middleware strips
+all four keys from client bodies first, so only it can set them.
 """
 
 from __future__ import annotations
@@ -146,10 +147,15 @@ def read_hint_params(params: object) -> HintedParams | None:
 
 
 def control_params(
-    tenant: str, sid: str, events: Sequence[Mapping[str, object]]
+    tenant: str, sid: str, events: Sequence[Mapping[str, object]], learned: bool = False
 ) -> dict[str, object]:
-    """The ``kv_transfer_params`` of a control message (no inference)."""
-    return {CONTROL_KEY: {"tenant": tenant, "sid": sid, "events": [dict(e) for e in events]}}
+    """The ``kv_transfer_params`` of a control message (no inference);
+    ``learned``: the API server's own ``tool_start`` from a response's tool
+    calls, which gives way to the client's."""
+    message: dict[str, object] = {"tenant": tenant, "sid": sid, "events": [dict(e) for e in events]}
+    if learned:
+        message["learned"] = True
+    return {CONTROL_KEY: message}
 
 
 def read_control(params: object) -> Mapping[str, Any] | None:
@@ -460,6 +466,7 @@ class EngineRetention:
     def control(self, params: Mapping[str, Any]) -> list[Outcome]:
         """Apply a control message built by ``control_params``."""
         tenant, sid, events = params["tenant"], params["sid"], params["events"]
+        learned = params.get("learned") is True
         outcomes: list[Outcome] = []
         for raw in events:
             event = _control_event(raw)
@@ -469,7 +476,11 @@ class EngineRetention:
             if isinstance(event, EndEvent):
                 ended = BranchKey(tenant, sid, event.br or ROOT)
                 self._obsolete_warmups(ended, session=ended.br == ROOT)
-            decision = self.policy.on_control(tenant, sid, event)
+            if learned and isinstance(event, ToolStartEvent):
+                key = BranchKey(tenant, sid, event.br or ROOT)
+                decision = self.policy.on_response_tool(key, event.tool)
+            else:
+                decision = self.policy.on_control(tenant, sid, event)
             self._apply(decision.actions)
             outcomes.append(decision.outcome)
         return outcomes

@@ -21,6 +21,10 @@ A pure ASGI middleware (``--middleware server_ext.AgentHintsMiddleware``):
 - it answers ``POST /v1/agent-hints/events`` itself (rate-limited per tenant,
   outcomes in the SPEC's untrusted mode) and forwards valid events to the
   engine core with no inference request.
+- on a hinted chat completion it reads the tool calls of the response as it
+  passes (``ToolCallNames``) and names them to the engine as the branch's wait
+  (none: the user), so the server learns gaps per tool for clients that name
+  no tool themselves.
 - with ``prefetch`` enabled, every other POST goes through a ``Prefetcher``,
   which watches branches leave and return and warms them before they are back.
 
@@ -61,8 +65,9 @@ from hints_spec import (
 
 from ._config import ExtensionConfig
 from ._engine import RESERVED_KEYS, hint_params
-from ._prefetch import ASGIApp, Branch, Prefetcher, Receive, Scope, Send, replay_body
+from ._prefetch import ASGIApp, Branch, Message, Prefetcher, Receive, Scope, Send, replay_body
 from ._tenant import DEFAULT_TENANT, Tenancy, TenantRefused
+from ._tools import ToolCallNames
 from ._vllm import ApiKeys, connector_config, send_control
 from .policy import ROOT, BranchKey, GapEstimator, PrefetchPlanner
 
@@ -70,7 +75,8 @@ __all__ = ["INFERENCE_PATHS", "AgentHintsMiddleware"]
 
 logger = logging.getLogger(__name__)
 
-INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+CHAT_PATH = "/v1/chat/completions"
+INFERENCE_PATHS = frozenset({CHAT_PATH, "/v1/completions", "/v1/responses"})
 MAX_CONTROL_BYTES = 64 * 1024
 MAX_RATE_TENANTS = 65536
 """Tenants whose control-rate buckets are remembered (least recently used go)."""
@@ -96,6 +102,11 @@ PARSE_ERRORS = Counter(
 HINTED_REQUESTS = Counter("agent_hints_requests", "Inference requests that carried hints")
 CONTROL_EVENTS = Counter(
     "agent_hints_control_events", "Control events by outcome", labelnames=["type", "outcome"]
+)
+LEARNED_WAITS = Counter(
+    "agent_hints_learned_waits",
+    "Hinted chat completions whose tool calls (none: the user) the server named to the "
+    "engine as the wait of their branch",
 )
 REFUSED = Counter(
     "agent_hints_refused_requests",
@@ -201,6 +212,8 @@ class AgentHintsMiddleware:
                 (k, v) for k, v in scope["headers"] if k.lower() != b"content-length"
             ] + [(b"content-length", str(len(rewritten)).encode())]
         replay = replay_body(rewritten, receive)
+        if branch is not None and not branch.end and _route(scope) == CHAT_PATH:
+            send = _naming_waits(send, scope["app"].state, branch.key)
         if setup.prefetcher is None:
             await self.app(scope, replay, send)
         else:
@@ -360,6 +373,35 @@ def _warn_about(config: ExtensionConfig, keys: ApiKeys) -> None:
             "agent-hints: salt_per_tenant is off: tenants share prefix-cache "
             "entries, and each can time guesses of another's prompts (SPEC 8.2)"
         )
+
+
+def _naming_waits(send: Send, state: Any, key: BranchKey) -> Send:
+    """``send`` that reads the response's tool calls as they pass
+    (``ToolCallNames``) and, after its last byte, names the branch's wait to
+    the engine; a failure there costs the response nothing."""
+    names = ToolCallNames()
+
+    async def watched(message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            names.start(message["status"], list(message.get("headers", ())))
+        elif kind == "http.response.body":
+            names.feed(message.get("body", b""))
+        await send(message)
+        if kind != "http.response.body" or message.get("more_body", False):
+            return
+        wait = names.wait()
+        if wait is None:
+            return
+        event = {"type": "tool_start", "tool": wait, "br": key.br}
+        try:
+            await send_control(state, key.tenant, key.sid, [event], learned=True)
+        except Exception:
+            logger.debug("agent-hints: could not name a branch's wait", exc_info=True)
+            return
+        LEARNED_WAITS.inc()
+
+    return watched
 
 
 def _route(scope: Scope) -> str:

@@ -179,11 +179,16 @@ class ApiKeys:
 
 
 async def send_control(
-    app_state: Any, tenant: str, sid: str, events: Sequence[Mapping[str, object]]
+    app_state: Any,
+    tenant: str,
+    sid: str,
+    events: Sequence[Mapping[str, object]],
+    learned: bool = False,
 ) -> None:
-    """Deliver control events to the engine core without an inference request."""
+    """Deliver control events to the engine core without an inference request
+    (``learned``: see ``control_params``)."""
     await app_state.engine_client.notify_kv_transfer_request_rejected(
-        f"agent-hints-control-{uuid.uuid4().hex}", control_params(tenant, sid, events)
+        f"agent-hints-control-{uuid.uuid4().hex}", control_params(tenant, sid, events, learned)
     )
 
 

@@ -13,6 +13,7 @@ from server_ext.policy import (
     GapEstimator,
     PolicyConfig,
     RetentionPolicy,
+    ToolStartEvent,
     median_given_elapsed,
 )
 
@@ -150,3 +151,27 @@ def test_the_longer_a_branch_is_away_the_later_it_is_expected_back() -> None:
     far = [median_given_elapsed(1.0, 1.0, e) for e in (1e3, 1e4, 1e5)]  # 7-12 sigma out
     assert far == sorted(far) and math.inf not in far
     assert median_given_elapsed(1.0, 0.1, 1e6) == math.inf  # beyond the fit
+
+
+def test_a_tool_the_server_saw_its_response_call_keys_the_gap_unless_the_client_named_one() -> None:
+    """The API server names the tools of its own response (``on_response_tool``):
+    gaps are learned under them for a client that sends only a session id, and
+    a new session's wait after the same tool is predicted from them. A client's
+    own ``tool_start`` wins, before or after the server's."""
+    p = RetentionPolicy(PolicyConfig(total_blocks=100), clock=lambda: 0.0)
+    for i in range(6):  # each session: 60 s after "tests", once
+        key = BranchKey("t", f"s{i}")
+        p.on_request_finished(key, (i,), BranchHints(), True, now=0.0)
+        p.on_response_tool(key, "tests", now=0.0)
+        p.on_request_arrived(key, now=60.0)
+    fresh = BranchKey("t", "new")
+    p.on_request_finished(fresh, (50,), BranchHints(), True, now=100.0)
+    unnamed = (p.next_return(fresh, 100.0) or 0.0) - 100.0
+    p.on_response_tool(fresh, "tests", now=100.0)
+    named = (p.next_return(fresh, 100.0) or 0.0) - 100.0
+    assert named > 2 * unnamed and 30.0 < named < 120.0
+    client = BranchKey("t", "client")
+    p.on_request_finished(client, (60,), BranchHints(), True, now=200.0)
+    p.on_control("t", "client", ToolStartEvent(tool="read"), now=200.0)
+    p.on_response_tool(client, "tests", now=200.0)  # the client named its tool first
+    assert (p.next_return(client, 200.0) or 0.0) - 200.0 == pytest.approx(unnamed, rel=0.01)

@@ -38,7 +38,13 @@ class Harness:
     app: SimpleNamespace
 
 
-def make_app(enabled: bool = True, **extra: object) -> tuple[Harness, list[bytes], EngineClient]:
+Reply = tuple[list[tuple[bytes, bytes]], list[bytes]]
+"""A response of the recording app: its headers, its body chunks."""
+
+
+def make_app(
+    enabled: bool = True, reply: Reply = ([], [b"{}"]), **extra: object
+) -> tuple[Harness, list[bytes], EngineClient]:
     seen: list[bytes] = []
 
     async def downstream(
@@ -52,8 +58,11 @@ def make_app(enabled: bool = True, **extra: object) -> tuple[Harness, list[bytes
                 break
         assert dict(scope["headers"]).get(b"content-length") in (None, str(len(body)).encode())
         seen.append(body)
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"{}"})
+        headers, chunks = reply
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for i, chunk in enumerate(chunks):
+            more = i < len(chunks) - 1
+            await send({"type": "http.response.body", "body": chunk, "more_body": more})
 
     engine = EngineClient()
     transfer = SimpleNamespace(
@@ -316,4 +325,83 @@ def test_control_endpoint_rejects_malformed_requests_whole(
     harness, _, engine = make_app()
     got, data = call(harness, "/v1/agent-hints/events", body)
     assert (got, json.loads(data)["error"]["code"]) == (status, code)
+    assert engine.sent == []
+
+
+# ---------------------------------------------------------------- the server names waits
+
+CALLS = {"choices": [{"message": {"tool_calls": [
+    {"id": "a", "type": "function", "function": {"name": "read_file", "arguments": "{}"}},
+    {"id": "b", "type": "function", "function": {"name": "grep", "arguments": "{}"}},
+]}}]}  # fmt: skip
+SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
+
+
+def _events(*chunks: dict[str, Any]) -> list[bytes]:
+    lines = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks]
+    return [*lines, b"data: [DONE]\n\n"]
+
+
+def _chat(harness: Harness, hints: str = 'sid="s1"') -> None:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    status, _ = call(harness, "/v1/chat/completions", body, {"Agent-Hints": hints})
+    assert status == 200
+
+
+def _learned(engine: EngineClient) -> list[dict[str, Any]]:
+    return [p["agent_hints_control"] for _, p in engine.sent]
+
+
+def test_the_tools_a_response_calls_are_named_to_the_engine_as_the_branchs_wait() -> None:
+    harness, _, engine = make_app(reply=([], [json.dumps(CALLS).encode()]))
+    _chat(harness, 'sid="s1", br="b2"')
+    [control] = _learned(engine)
+    assert control["learned"] is True and control["sid"] == "s1"
+    assert control["events"] == [{"type": "tool_start", "tool": "grep/read_file", "br": "b2"}]
+
+
+def test_a_streamed_response_names_its_calls_from_their_first_deltas() -> None:
+    delta = {"tool_calls": [{"index": 0, "function": {"name": "bash", "arguments": ""}}]}
+    more = {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}
+    stream = _events(
+        {"choices": [{"delta": {"role": "assistant"}}]},
+        {"choices": [{"delta": delta}]},
+        {"choices": [{"delta": more}]},
+    )
+    split = b"".join(stream)
+    harness, _, engine = make_app(reply=(SSE, [split[:50], split[50:51], split[51:]]))
+    _chat(harness)
+    [control] = _learned(engine)
+    assert control["events"][0]["tool"] == "bash"
+
+
+def test_a_response_without_tool_calls_waits_on_the_user() -> None:
+    answer = {"choices": [{"message": {"role": "assistant", "content": "done"}}]}
+    harness, _, engine = make_app(reply=([], [json.dumps(answer).encode()]))
+    _chat(harness)
+    assert _learned(engine)[0]["events"][0]["tool"] == "user"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        ([], [b"{not json"]),
+        (SSE, _events({"choices": [{"delta": {"content": "x"}}]})[:-1]),  # no [DONE]
+        ([], [json.dumps({"choices": [{"message": {"tool_calls": [
+            {"function": {"name": "bad name!"}}]}}]}).encode()]),
+    ],
+    ids=["malformed", "unfinished stream", "unusable name"],
+)  # fmt: skip
+def test_a_response_not_read_to_a_usable_end_names_nothing(reply: Reply) -> None:
+    harness, _, engine = make_app(reply=reply)
+    _chat(harness)
+    assert engine.sent == []
+
+
+def test_no_wait_is_named_for_an_unhinted_or_ending_request_or_another_route() -> None:
+    harness, _, engine = make_app(reply=([], [json.dumps(CALLS).encode()]))
+    body = json.dumps({"model": "m", "messages": []}).encode()
+    call(harness, "/v1/chat/completions", body)
+    _chat(harness, 'sid="s1", end')
+    call(harness, "/v1/completions", completion(), {"Agent-Hints": 'sid="s1"'})
     assert engine.sent == []

@@ -335,12 +335,8 @@ class RetentionPolicy:
                 return self._decide([], Outcome.CLIPPED, Reason.TOO_MANY_CHILDREN)
             return self._decide([])
         key = BranchKey(tenant, sid, event.br or ROOT)
-        r = self._retentions.get(key)
-        # A branch evicted while away still has its departure on record: it
-        # takes the tool (its gap is learned under it) and the return time
-        # (warm-ups plan by it) even when there is no retention to update.
-        departed = self._pending.get(key)
         if isinstance(event, ToolEndEvent):
+            r, departed = self._retentions.get(key), self._pending.get(key)
             plan = ReturnPlan(now, 0.0)
             if departed is not None:
                 self._pending[key] = departed._replace(plan=plan)
@@ -352,20 +348,40 @@ class RetentionPolicy:
             self._schedule(r)
             self._index(r, now)
             return self._decide([])
+        return self._announce(key, event.tool, event.eta, now)
+
+    def on_response_tool(self, key: BranchKey, tool: str, now: float | None = None) -> Decision:
+        """The server's own response to ``key`` called ``tool`` (the API server
+        parsed it): the branch waits on it, as on a ``tool_start`` without an
+        ETA, unless its client named the tool it waits on (a client's
+        ``tool_start`` comes before or after this one, and wins either way)."""
+        departed = self._pending.get(key)
+        if departed is None or departed.tool is not None:
+            return self._decide([])
+        return self._announce(key, tool, None, self._now(now))
+
+    def _announce(self, key: BranchKey, tool: str, eta: float | None, now: float) -> Decision:
+        """The branch ``key`` waits on ``tool`` (for ``eta`` seconds, if given):
+        its return is predicted again, and the gap learned under the tool. A
+        branch evicted while away still has its departure on record: it takes
+        the tool and the return time (warm-ups plan by it) even when there is
+        no retention to update."""
+        r = self._retentions.get(key)
+        departed = self._pending.get(key)
         if r is None:
             if departed is not None:
-                plan = self.estimator.predict(tenant, sid, event.tool, event.eta).plan(now)
-                self._pending[key] = departed._replace(tool=event.tool, plan=plan)
+                plan = self.estimator.predict(key.tenant, key.sid, tool, eta).plan(now)
+                self._pending[key] = departed._replace(tool=tool, plan=plan)
             return self._decide([], Outcome.REJECTED, Reason.UNKNOWN_BRANCH)
-        if event.eta is not None:
-            r.gap = event.eta
-        window = self._window(key, now, r.horizon, r.gap, r.ttl, event.tool)
+        if eta is not None:
+            r.gap = eta
+        window = self._window(key, now, r.horizon, r.gap, r.ttl, tool)
         r.plan, r.deadline = window
         if departed is not None:
-            self._pending[key] = departed._replace(tool=event.tool, plan=r.plan)
+            self._pending[key] = departed._replace(tool=tool, plan=r.plan)
         self._schedule(r)
         self._index(r, now)
-        if _beyond(now, r.horizon, event.eta):
+        if _beyond(now, r.horizon, eta):
             return self._decide([], Outcome.CLIPPED, Reason.TTL_CAPPED)
         return self._decide([])
 
