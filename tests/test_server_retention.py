@@ -323,3 +323,49 @@ def test_the_engine_times_its_steps_for_warm_first_admission(ext_server: LocalSe
         complete(ext_server, [7, 8, 9])  # engine stats reach /metrics with a step
     # A CPU runs a tiny model's 1,024-token step in milliseconds to a second.
     assert 1e-7 < seconds < 1e-3
+
+
+def test_the_server_names_the_tools_its_chat_responses_called(ext_server: LocalServer) -> None:
+    """A client that sends only a session id: the tool vLLM parsed out of the
+    response (forced by ``tool_choice``; strict, so the arguments are ``{}``)
+    is named to the engine as the branch's wait, streamed or not; an answer
+    with no tool call waits on the user."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "list_dir",
+            "description": "List the project files.",
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+            "strict": True,
+        },
+    }
+    body = {
+        "model": ext_server.model,
+        "messages": [{"role": "user", "content": "What is in the project?"}],
+        "tools": [tool],
+        "max_tokens": 64,
+    }
+    forced = {"type": "function", "function": {"name": "list_dir"}}
+    before = metric(ext_server, "agent_hints_learned_waits_total")
+    status, reply = ext_server.post_json(
+        "/v1/chat/completions", {**body, "tool_choice": forced}, {"Agent-Hints": 'sid="named-1"'}
+    )
+    assert status == 200 and reply["choices"][0]["message"]["tool_calls"]
+    with httpx.stream(
+        "POST",
+        f"{ext_server.base_url}/chat/completions",
+        json={**body, "tool_choice": forced, "stream": True},
+        headers={"Agent-Hints": 'sid="named-2"'},
+        timeout=60,
+    ) as response:
+        streamed = "".join(response.iter_text())
+    assert response.status_code == 200 and '"list_dir"' in streamed
+    status, _ = ext_server.post_json(
+        "/v1/chat/completions",
+        {**body, "tool_choice": "none", "max_tokens": 4},
+        {"Agent-Hints": 'sid="named-3"'},
+    )
+    assert status == 200
+    assert metric(ext_server, "agent_hints_learned_waits_total") == before + 3
+    for sid in ("named-1", "named-2", "named-3"):
+        end_session(ext_server, sid)
