@@ -66,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-defer",
         type=float,
         dest="max_defer_s",
-        help="warm-first admission: longest a cold prefill waits for cheaper ones (s, 0: off)",
+        help="warm-first admission: longest a cold prefill waits for cheaper ones "
+        "(s; default 0: off)",
     )
     serve.add_argument(
         "--defer-lookahead",

@@ -85,7 +85,9 @@ class ExtensionConfig:
             use free blocks only (0: always).
         max_defer_s: Warm-first admission: a hinted request with a long uncached
             prefill may wait up to this long while cheaper hinted requests go
-            first (0 turns it off: first come, first served).
+            first. 0 (the default): off, first come, first served; on the
+            workload suite it cost more queueing than it saved (opt in, e.g.
+            10, where a run of the suite says it pays).
         defer_lookahead_s: Warm-first admission: a hinted cold prefill waits
             while a retained branch is expected back (before or after now)
             within the time the prefill would take, as measured on the
@@ -113,7 +115,7 @@ class ExtensionConfig:
     state_metrics: bool = False
     prefetch: bool = False
     prefetch_min_accuracy: float = _POLICY.prefetch_min_accuracy
-    max_defer_s: float = _ADMISSION.max_defer_s
+    max_defer_s: float = 0.0
     defer_lookahead_s: float = _ADMISSION.lookahead_s
     admission_trial: bool = True
     gap_hint_weight: float = _ESTIMATOR.hint_weight

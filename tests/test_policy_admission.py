@@ -186,7 +186,8 @@ def test_the_operator_sets_the_admission_bounds() -> None:
         max_defer_s=20.0, lookahead_s=3.0, block_size=64
     )
     assert ExtensionConfig.from_mapping({"max_defer_s": 0}).admission_gate(64) is None
-    tiered = ExtensionConfig().admission_gate(64, tiered=True)
+    assert ExtensionConfig().admission_gate(64) is None  # off by default
+    tiered = ExtensionConfig(max_defer_s=10).admission_gate(64, tiered=True)
     assert tiered is not None and tiered.config.lookahead_s == 0.0
 
 

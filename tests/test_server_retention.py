@@ -33,8 +33,9 @@ def ext_server(
         test_model_dir,
         kv_blocks=BLOCKS,
         max_model_len=2048,
-        # Let retention fill the whole pool, so the pressure path is exercised.
-        extra_config={"max_held_fraction": 1.0, "max_tenant_fraction": 1.0},
+        # Let retention fill the whole pool, so the pressure path is exercised;
+        # warm-first admission on (off by default), so its step timer runs.
+        extra_config={"max_held_fraction": 1.0, "max_tenant_fraction": 1.0, "max_defer_s": 10},
         env={"VLLM_SERVER_DEV_MODE": "1"},
         log_dir=tmp_path_factory.mktemp("ext-logs"),
     ) as server:
