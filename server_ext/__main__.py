@@ -8,6 +8,8 @@ import shlex
 import sys
 from collections.abc import Sequence
 
+from ._config import RETENTION_MODES
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m server_ext")
@@ -20,6 +22,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--max-tenant-fraction", type=float, help="per-tenant cap (of the cap)")
     serve.add_argument("--ttl-cap", type=float, dest="ttl_cap_s", help="longest retention (s)")
     serve.add_argument("--default-ttl", type=float, dest="default_ttl_s")
+    serve.add_argument(
+        "--retention",
+        choices=RETENTION_MODES,
+        help="by eviction order (default: blocks stay in vLLM's free queue) or by held references",
+    )
     serve.add_argument("--tenant-header", help="tenant header set by a trusted gateway")
     serve.add_argument(
         "--tenant-header-peers",
@@ -109,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "control_rate",
     )
     extra: dict[str, object] = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
-    for name in ("tenant_header", "tenant_header_peers", "gateway_secret_header"):
+    for name in ("retention", "tenant_header", "tenant_header_peers", "gateway_secret_header"):
         if getattr(args, name):
             extra[name] = getattr(args, name)
     for flag in ("salt_per_tenant", "prefetch", "state_metrics", "admission_trial"):
