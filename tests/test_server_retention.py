@@ -367,6 +367,7 @@ def test_the_server_names_the_tools_its_chat_responses_called(ext_server: LocalS
         {"Agent-Hints": 'sid="named-3"'},
     )
     assert status == 200
-    assert metric(ext_server, "agent_hints_learned_waits_total") == before + 3
+    # Each is named after its response's last byte: the client may read /metrics first.
+    assert wait_metric(ext_server, "agent_hints_learned_waits_total", before + 3) == before + 3
     for sid in ("named-1", "named-2", "named-3"):
         end_session(ext_server, sid)
