@@ -13,13 +13,13 @@ import json
 import re
 from typing import Any
 
-from hints_spec import MAX_ID_LENGTH, USER_TOOL
+from hints_spec import ID_PATTERN, USER_TOOL
 
 __all__ = ["MAX_BODY_BYTES", "ToolCallNames"]
 
 MAX_BODY_BYTES = 1 << 20
 """A response (or one streamed event) longer than this is not read for names."""
-_NAME = re.compile(r"[A-Za-z0-9._:~/-]+")
+_ID = re.compile(ID_PATTERN)
 
 
 class ToolCallNames:
@@ -79,7 +79,7 @@ class ToolCallNames:
         if not self._calls:
             return USER_TOOL
         name = "/".join(sorted(set(self._names)))
-        usable = len(self._names) == self._calls and len(name) <= MAX_ID_LENGTH
+        usable = len(self._names) == self._calls and _ID.fullmatch(name)
         return name if usable else None
 
     def _read_chunk(self, data: bytes) -> None:
@@ -102,12 +102,13 @@ class ToolCallNames:
 
     def _add(self, calls: Any) -> None:
         """Count the calls that ``calls`` starts (the ones naming a function;
-        a streamed call's later deltas name none) and keep the usable names."""
+        a streamed call's later deltas name none) and keep their names (a
+        protocol id, checked in ``wait``)."""
         for call in calls if isinstance(calls, list) else ():
             function = call.get("function") if isinstance(call, dict) else None
             name = function.get("name") if isinstance(function, dict) else None
             if name is None:
                 continue
             self._calls += 1
-            if isinstance(name, str) and _NAME.fullmatch(name):
+            if isinstance(name, str):
                 self._names.append(name)

@@ -58,7 +58,7 @@ def test_public_api_is_exactly_the_contract() -> None:
             "ToolEnd", "Fork", "End", "ControlEvent", "ControlRequest", "parse_control",
             "EventResult", "ControlResponse", "to_vllm_fields", "from_interop", "merge_hints",
             "resolve_hints", "ROOT_BRANCH", "MAX_ID_LENGTH", "MAX_SECONDS", "MAX_EVENTS",
-            "MAX_CHILDREN",
+            "MAX_CHILDREN", "ID_PATTERN",
         ]
     )  # fmt: skip
     assert (HEADER_NAME, BODY_FIELD, CONTROL_PATH) == (

@@ -9,9 +9,9 @@ warm-up also runs beside another request's decode, and sits out the steps of
 another request's prefill (a step budget of 128 tokens: a prefill takes several
 steps). The same through the SDK: an agent's tool announced with its ETA.
 
-Warm-first admission is off here (``max_defer_s`` 0): in its trial's gated epochs
-it would hold the cold prefills back for the session due in 3 s, and a warm-up
-yields only to a prefill that is scheduled. The gate is tested in
+Warm-first admission stays off here (``max_defer_s`` 0, the default, pinned): in
+its trial's gated epochs it would hold the cold prefills back for the session due
+in 3 s, and a warm-up yields only to a prefill that is scheduled. The gate is tested in
 test_policy_admission and test_prefetch_engine.
 """
 
