@@ -1,11 +1,13 @@
-"""Warm-ups are preempted before real requests, on vLLM's own scheduler.
+"""Warm-ups give way to real requests, on vLLM's own scheduler.
 
 vLLM's scheduler runs in-process here (no model: the steps' outputs are made
 up, one token per request), with the extension's connector as
 ``python -m server_ext serve`` configures it and prefetch on. The pool is small
 enough that decoding requests outgrow it: vLLM must preempt. Its FCFS policy
 takes the last running request, which is the real one admitted after a
-warm-up; with the extension it takes the warm-up.
+warm-up; with the extension it takes the warm-up. And with a step budget of
+one block, a warm-up's prefill spans steps: it sits out those of a real
+request's prefill (vLLM would schedule the running warm-up first).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ BLOCK = 16
 BLOCKS = 12  # one is vLLM's null block
 
 
-def scheduler(model_dir: Path, extension: bool) -> Scheduler:
+def scheduler(model_dir: Path, extension: bool, step_tokens: int = 256) -> Scheduler:
     transfer = (
         KVTransferConfig(
             kv_connector=CONNECTOR_NAME,
@@ -54,7 +56,7 @@ def scheduler(model_dir: Path, extension: bool) -> Scheduler:
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
         scheduler_config=SchedulerConfig(
             max_num_seqs=8,
-            max_num_batched_tokens=256,
+            max_num_batched_tokens=step_tokens,
             max_model_len=512,
             is_encoder_decoder=False,
         ),
@@ -99,7 +101,8 @@ def request(name: str, seed: int, warmup: bool = False) -> Request:
     )
 
 
-def step(s: Scheduler) -> None:
+def step(s: Scheduler) -> dict[str, int]:
+    """One engine step; the tokens it scheduled per request."""
     out = s.schedule()
     ids = list(out.num_scheduled_tokens)
     runner = ModelRunnerOutput(
@@ -108,6 +111,7 @@ def step(s: Scheduler) -> None:
         sampled_token_ids=[[11] for _ in ids],
     )
     s.update_from_output(out, runner)
+    return dict(out.num_scheduled_tokens)
 
 
 def preempted(s: Scheduler, steps: int) -> Iterator[str]:
@@ -145,3 +149,20 @@ def test_a_real_request_behind_a_running_warmup_waits_for_it(test_model_dir: Pat
     s.add_request(request("later", 4))
     victims = set(preempted(s, 40))
     assert victims == {"warmup"}
+
+
+@pytest.mark.parametrize("extension", [False, True], ids=["plain", "extension"])
+def test_a_running_warmup_sits_out_the_steps_of_a_real_prefill(
+    test_model_dir: Path, extension: bool
+) -> None:
+    s = scheduler(test_model_dir, extension, step_tokens=BLOCK)
+    s.add_request(request("warmup", 2, warmup=True))
+    assert step(s) == {"warmup": BLOCK}  # the first of its 3 prefill chunks
+    s.add_request(request("real", 3))
+    steps = [step(s) for _ in range(4)]
+    if not extension:  # vLLM: the running warm-up first, it takes the budget
+        assert steps[:2] == [{"warmup": BLOCK}] * 2
+        return
+    # The real request's 3 prefill chunks, then the warm-up resumes.
+    assert steps[:3] == [{"real": BLOCK}] * 3
+    assert steps[3].get("warmup") == BLOCK

@@ -158,12 +158,14 @@ def test_a_warmup_sits_out_the_steps_of_a_real_prefill(server: LocalServer) -> N
     sits out the steps of a cold request that arrives while it runs instead,
     resumes and completes, and the session's return finds its prompt cached.
 
-    The cold requests come as a stream with short pauses: the prefetcher issues
-    a warm-up only in such a pause, so the next one lands in it. (One request
-    sent when the warm-up was seen issued could overtake it, or come after its
-    end, as it did once in CI.) The stream stops as soon as the warm-up has
-    completed: unhinted requests may take a retention's room, and a slow
-    machine would otherwise send enough of them to evict the warmed prompt."""
+    The cold requests come as a stream, with short pauses until the warm-up is
+    issued (the prefetcher issues one only in such a pause), then back to back
+    until it has completed, so that one lands in it however fast the machine
+    runs the warm-up's steps (with pauses throughout, a warm-up once ran whole
+    inside one in CI; one request sent when the warm-up was seen issued could
+    overtake it). The stream stops as soon as the warm-up has completed:
+    unhinted requests may take a retention's room, and a slow machine would
+    otherwise send enough of them to evict the warmed prompt."""
     before = server.metrics()
     long = 1920  # tokens: 15 steps of 128
     session, hints = tokens(7, long), 'v=1, sid="yields", gap=3'
@@ -171,10 +173,11 @@ def test_a_warmup_sits_out_the_steps_of_a_real_prefill(server: LocalServer) -> N
     departed = time.monotonic()
     with ThreadPoolExecutor(6) as pool:
         list(pool.map(lambda i: complete(server, tokens(800 + i)), range(6)))
-    completed, sent = prefetches("completed"), 0
-    while server.metrics().get(completed, 0) == before.get(completed, 0):
+    issued, completed, sent = prefetches("issued"), prefetches("completed"), 0
+    while (now := server.metrics()).get(completed, 0) == before.get(completed, 0):
         assert time.monotonic() < departed + 20.0, "no warm-up completed"
-        time.sleep(0.02)  # a pause: the prefetcher issues in one
+        if now.get(issued, 0) == before.get(issued, 0):
+            time.sleep(0.02)  # a pause: the prefetcher issues in one
         # A cold prefill of 2 steps (5 blocks, unretained).
         assert complete(server, tokens(900 + sent, 256)) == 0
         sent += 1
