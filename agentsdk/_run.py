@@ -253,7 +253,10 @@ async def _run_root(run: _Run, publish: Publish | None) -> RunResult:
         emit=emit,
         control=control,
         estimator=LatencyEstimator(
-            stats.latency, prior_seconds=config.latency_prior, quantile=config.latency_quantile
+            stats.latency,
+            shared=config.shared_latency,
+            prior_seconds=config.latency_prior,
+            quantile=config.latency_quantile,
         ),
         tracer=tracer(config.tracer_provider),
         metrics=ClientMetrics(config.meter_provider),

@@ -5,7 +5,8 @@ A session becomes an ``agentsdk.Agent`` whose tools are the session's tool kinds
 recorded call's scaled duration and returns a result of the recorded size; a
 ``Task`` call whose sub-agent is in the file runs it with ``Runner.fan_out`` on
 a child branch. ``Runner.run`` drives each user turn (an ``InMemorySession``
-carries the conversation and the learned tool latencies from turn to turn), so
+carries the conversation and the session's tool latencies from turn to turn;
+the sessions of one replay pool theirs, ``RunConfig.shared_latency``), so
 everything a production agent sends comes from the SDK itself: ``gap`` on every
 request from its latency estimator, ``tool_start`` (with the tool's name and
 ETA) and ``tool_end`` around every call, ``fork`` and ``end`` for sub-agents,
@@ -44,6 +45,7 @@ from agentsdk import (
     ControlChannel,
     HintedAsyncOpenAI,
     InMemorySession,
+    LatencyStats,
     RunConfig,
     RunContext,
     Runner,
@@ -97,6 +99,9 @@ class _Shared:
     index: PrefixIndex
     start: float
     on_done: OnDone | None
+    # The tool latencies every session's agent learns into and starts from, as
+    # one agent's sessions on one machine would (``RunConfig.shared_latency``).
+    latency: LatencyStats = field(default_factory=LatencyStats)
 
 
 class _Completions:
@@ -362,6 +367,7 @@ async def _replay_session(
             config = RunConfig(
                 end_session=i == len(turns) - 1,
                 latency_prior=settings.wait_s(_RECORDED_PRIOR_S),
+                shared_latency=shared.latency,
                 user_wait_prior=settings.prior_user_wait_s,
                 tool_timeout=_TOOL_TIMEOUT_S,
                 max_tool_concurrency=_MAX_TOOL_CONCURRENCY,

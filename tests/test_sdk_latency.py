@@ -45,6 +45,24 @@ def test_pooled_estimate_weights_tools_by_use() -> None:
     assert pooled == pytest.approx(0.05, rel=0.13)  # grep dominates recent waits
 
 
+def test_a_new_session_starts_from_what_the_agents_earlier_sessions_learned() -> None:
+    shared = LatencyStats()
+    first = LatencyEstimator(shared=shared)
+    for _ in range(5):
+        first.observe("pytest", 20.0)
+    second = LatencyEstimator(shared=shared)  # a new session: its own stats are empty
+    assert second.estimate({"pytest": None}) == pytest.approx(20.0, rel=0.13)
+    assert LatencyEstimator().estimate({"pytest": None}) == 1.0  # the prior, without
+    # Its own calls weigh twice (they are in both): 3 of its own at 2 s outweigh
+    # the 5 shared ones at 20 s.
+    for _ in range(3):
+        second.observe("pytest", 2.0)
+    assert second.estimate({"pytest": None}) == pytest.approx(2.0, rel=0.13)
+    assert LatencyEstimator(shared=shared).estimate({"pytest": None}) == pytest.approx(
+        20.0, rel=0.13
+    )
+
+
 def test_extreme_values_are_clamped_to_protocol_bounds() -> None:
     estimator = LatencyEstimator()
     estimator.observe("t", 0.0)

@@ -18,6 +18,7 @@ from agentsdk import (
     HintedAsyncOpenAI,
     HintedOpenAI,
     InMemorySession,
+    LatencyStats,
     LLMEndEvent,
     LLMStartEvent,
     MaxTurnsExceeded,
@@ -212,6 +213,22 @@ async def test_hints_on_every_request_and_control_events() -> None:
     ]
     assert model.events_of(ToolStart)[0] == ToolStart(tool="nap", eta=2.5)
     assert model.events_of(End) == [End()]  # no session: the run ends it
+
+
+async def test_runs_that_share_latency_stats_start_from_each_others_tool_times() -> None:
+    shared = LatencyStats()
+    config = RunConfig(shared_latency=shared)
+    first = ScriptedModel([[ScriptedCall("nap", {"seconds": 0.05})], "done"])
+    await Runner.run(_agent(nap), "go", client=first, run_config=config)
+    second = ScriptedModel([[ScriptedCall("nap")], "done"])  # another session
+    await Runner.run(_agent(nap), "go", client=second, run_config=config)
+    # The declared 2.5 s, and one call that took 0.05 s: the median is the call.
+    [eta] = [e.eta for e in second.events_of(ToolStart)]
+    assert eta is not None and eta < 0.1
+    assert second.requests[0].hints is not None and second.requests[0].hints.gap == eta
+    alone = ScriptedModel([[ScriptedCall("nap")], "done"])
+    await Runner.run(_agent(nap), "go", client=alone)
+    assert [e.eta for e in alone.events_of(ToolStart)] == [2.5]  # nothing shared: the prior
 
 
 async def test_no_tools_means_no_gap_and_outer_scope_is_kept() -> None:

@@ -148,6 +148,13 @@ BAD_INPUTS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("RunConfig(max_model_calls=0)", call(RunConfig, max_model_calls=0), UserError, "max_model"),
     ("RunConfig(tracer_provider='x')", call(RunConfig, tracer_provider="x"), UserError, "Tracer"),
     (
+        "RunConfig(shared_latency={})",  # a copy would not be shared
+        call(RunConfig, shared_latency={}),
+        UserError,
+        "shared_latency: Input should be an instance of LatencyStats",
+    ),
+    ("LatencyEstimator(shared={})", call(LatencyEstimator, shared={}), UserError, "LatencyStats"),
+    (
         "ModelSettings(temperature='hot')",
         call(ModelSettings, temperature="hot"),
         UserError,
