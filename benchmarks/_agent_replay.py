@@ -45,6 +45,7 @@ from agentsdk import (
     ControlChannel,
     HintedAsyncOpenAI,
     InMemorySession,
+    LatencyEstimator,
     LatencyStats,
     RunConfig,
     RunContext,
@@ -65,6 +66,7 @@ __all__ = [
     "HintedReplayModel",
     "ReplayModel",
     "agent_replay",
+    "learned_latencies",
     "predicted_gap",
 ]
 
@@ -388,22 +390,46 @@ async def _replay_session(
             model.assign_etas()
 
 
+def learned_latencies(history: Sequence[Session], settings: ReplaySettings) -> LatencyStats:
+    """What an agent that ran ``history`` first has learned of its tools' and its
+    user's waits, as the replay scales them: its ``RunConfig.shared_latency``
+    when the replayed sessions come after those."""
+    estimator = LatencyEstimator()
+    for session in history:
+        for branch in session.branches():
+            for call in branch.calls:
+                if call.user_wait_s is not None:
+                    estimator.observe(USER_TOOL, settings.wait_s(call.user_wait_s))
+                for use in call.tools:
+                    if use.duration_s is not None:
+                        estimator.observe(use.kind, settings.wait_s(use.duration_s))
+    return estimator.stats
+
+
 async def agent_replay(
     sessions: Sequence[Session],
     settings: ReplaySettings,
     *,
+    history: LatencyStats | None = None,
     on_done: OnDone | None = None,
     http_client: httpx2.AsyncClient | None = None,
 ) -> AgentRun:
     """Replay ``sessions`` concurrently (at most ``settings.concurrency`` at once)
     against ``settings.base_url``: through ``HintedAsyncOpenAI`` and its control
     channel when ``settings.hints``, else through the plain ``openai.AsyncOpenAI``
-    (either on ``http_client`` when given: a proxy, a test transport). ``on_done``
+    (either on ``http_client`` when given: a proxy, a test transport). The
+    sessions' agents start from ``history`` (``learned_latencies``; copied, so
+    that every configuration starts from the same), else from nothing. ``on_done``
     sees each record once it is final."""
     if settings.tenant_per_trace or settings.oracle_gaps:
         raise ValueError("the agent replay has no tenant per trace and no oracle gaps")
     shared = _Shared(
-        settings, AgentRun(), PrefixIndex(settings.block_size), time.monotonic(), on_done
+        settings,
+        AgentRun(),
+        PrefixIndex(settings.block_size),
+        time.monotonic(),
+        on_done,
+        history.model_copy(deep=True) if history is not None else LatencyStats(),
     )
     client = HintedAsyncOpenAI if settings.hints else openai.AsyncOpenAI
     async with client(

@@ -52,6 +52,7 @@ __all__ = [
     "SessionSource",
     "SourceKind",
     "find_source",
+    "load_history",
     "load_sessions",
     "select_sessions",
     "session_from_trace",
@@ -221,3 +222,15 @@ def load_sessions(
     if source.kind == "generated":
         candidates = itertools.islice(candidates, _DRAWS_PER_SESSION * max(n, 1))
     return select_sessions(candidates, k, max_prompt, n)
+
+
+def load_history(
+    source: SessionSource, replayed: Sequence[Session], n: int, seed: int = 0
+) -> list[Session]:
+    """The first ``n`` sessions of ``source`` that are not among ``replayed``
+    (by id): the earlier sessions of the agent whose tool times it has learned."""
+    if n <= 0:
+        return []
+    ids = {s.session_id for s in replayed}
+    fresh = (s for s in _candidates(source, seed + 1, 1 << 62) if s.session_id not in ids)
+    return list(itertools.islice(fresh, n))

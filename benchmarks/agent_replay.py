@@ -23,7 +23,9 @@ Sessions: the first ``--sessions`` by path (or drawn) with a tool call whose
 every prompt fits ``--max-model-len`` minus ``--max-out``; the servers get the
 context the longest of them needs. ``--kv-blocks`` defaults to a third of their
 live working set (each session's largest prompt, for the sessions in flight at
-once).
+once). ``--history N``: the agent has run N other sessions of the source
+before (their recorded waits, scaled, in ``RunConfig.shared_latency``), as a
+deployed agent has; by default it starts from nothing.
 
 Prints a progress bar, the comparison table, the calibration table (per kind
 of wait: how often the SDK's ETA and the server's prediction were within 2x)
@@ -49,7 +51,7 @@ from typing import Any
 
 from server_ext import LocalServer, make_test_model
 
-from ._agent_replay import AgentRun, agent_replay
+from ._agent_replay import AgentRun, agent_replay, learned_latencies
 from ._claude_code import PromptMapper, Session, replayed_calls
 from ._plots import write_calibration_plot, write_plots
 from ._replay import ReplaySettings, RequestRecord
@@ -63,7 +65,7 @@ from ._report import (
 )
 from ._run import OnDone, machine, run_config, runnable
 from ._server import CONFIGS, Config, ServerPlan, sigterm_as_exit
-from ._sessions import SessionSource, find_source, load_sessions
+from ._sessions import SessionSource, find_source, load_history, load_sessions
 from ._traces import PrefixIndex
 from .bound import bounds
 
@@ -112,6 +114,13 @@ def parser(
     p.add_argument("--seed", type=int, default=0, help="seed of --generated sessions")
     p.add_argument("--sessions", type=int, default=8, help="sessions replayed (default 8)")
     p.add_argument("--concurrency", type=int, help="sessions in flight at once (default: all)")
+    p.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="sessions of the source not replayed whose tool and user waits the agent "
+        "learned before (RunConfig.shared_latency: its earlier sessions; default 0)",
+    )
     p.add_argument("--time-scale", type=float, default=20.0, help="divide recorded waits by this")
     p.add_argument("--max-think", type=float, default=30.0, help="cap on one scaled wait, s")
     p.add_argument(
@@ -249,6 +258,7 @@ def _run(
     config: Config,
     plan: ServerPlan,
     sessions: Sequence[Session],
+    history: Sequence[Session],
     total: int,
     args: argparse.Namespace,
 ) -> tuple[ConfigRun, AgentRun]:
@@ -267,7 +277,8 @@ def _run(
             block_size=args.block_size,
             concurrency=args.concurrency,
         )
-        replayed = await agent_replay(sessions, settings, on_done=on_done)
+        learned = learned_latencies(history, settings) if history else None
+        replayed = await agent_replay(sessions, settings, history=learned, on_done=on_done)
         return replayed.records
 
     run = run_config(config, plan, args.out.parent, total, replay_on, args.sample_period)
@@ -357,6 +368,9 @@ def replay_sessions(
         f"({kv_blocks / working_set:.0%}), unlimited {unlimited_blocks}; "
         f"context {max_model_len} tokens"
     )
+    history = load_history(source, sessions, args.history, args.seed)
+    if history:
+        print(f"the agent learned its tools' waits from {len(history)} earlier sessions")
     header: dict[str, Any] = {
         "benchmark": "agent_replay",
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -364,6 +378,7 @@ def replay_sessions(
         "source": {"kind": source.kind, "path": str(source.path)},
         "machine": machine(),
         "sessions": info,
+        "history_sessions": [h.session_id for h in history],
         "working_set_blocks": working_set,
         "kv_blocks": kv_blocks,
         "unlimited_kv_blocks": unlimited_blocks,
@@ -386,7 +401,7 @@ def replay_sessions(
             startup_timeout_s=args.startup_timeout,
         )
         for config in configs:
-            run, replayed = _run(config, plan, sessions, total, args)
+            run, replayed = _run(config, plan, sessions, history, total, args)
             runs.append(run)
             bound[run.name] = _bound(run, replayed.prompts, args.block_size)
             errors[run.name] = replayed.errors

@@ -8,6 +8,7 @@ end to end on two hand-written sessions against real CPU servers, plain and hint
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import math
@@ -20,7 +21,8 @@ import pytest
 from claude_code_transcripts import coding_session, session_with_sub_agent
 from openai.types import Completion
 
-from benchmarks._agent_replay import AgentRun, agent_replay, predicted_gap
+from agentsdk import LatencyStats
+from benchmarks._agent_replay import AgentRun, agent_replay, learned_latencies, predicted_gap
 from benchmarks._claude_code import Session, parse_session
 from benchmarks._replay import ReplaySettings, RequestRecord
 from benchmarks._report import format_calibration, wait_calibration
@@ -70,12 +72,18 @@ class FakeCompletions:
         return [parse_header(headers[HEADER_NAME]).normalized() for headers, _ in self.requests]
 
 
+SETTINGS = ReplaySettings(base_url="http://model.test", time_scale=TIME_SCALE)
+
+
 def replay(
-    sessions: list[Session], fake: FakeCompletions, hints: bool = True
+    sessions: list[Session],
+    fake: FakeCompletions,
+    hints: bool = True,
+    history: LatencyStats | None = None,
 ) -> tuple[AgentRun, list[RequestRecord]]:
-    settings = ReplaySettings(base_url="http://model.test", time_scale=TIME_SCALE, hints=hints)
+    settings = dataclasses.replace(SETTINGS, hints=hints)
     client = httpx2.AsyncClient(transport=httpx2.MockTransport(fake))
-    run = asyncio.run(agent_replay(sessions, settings, http_client=client))
+    run = asyncio.run(agent_replay(sessions, settings, history=history, http_client=client))
     return run, run.records
 
 
@@ -111,6 +119,20 @@ def test_each_recorded_call_is_one_token_id_request_and_each_tool_waits_as_recor
     assert records[3].eta_s is not None and records[3].eta_s < 0.005
     assert all(r.server_gap_s == 0.1 for r in records)
     assert records[-1].ends_turn and records[-1].eta_s is None
+
+
+def test_an_agent_with_history_starts_from_the_waits_of_its_earlier_sessions() -> None:
+    session = parse_session(coding_session().lines, "coder")
+    learned = learned_latencies([parse_session(coding_session().lines, "earlier")], SETTINGS)
+    before = learned.model_dump()
+    _, fresh = replay([session], FakeCompletions())
+    _, seasoned = replay([session], FakeCompletions(), history=learned)
+    # The first test run: the prior (1 s recorded, 0.05 s scaled) for an agent that
+    # never ran one, the earlier session's test runs (2 s, 0.1 s scaled) for one that did.
+    assert fresh[0].wait_kind == seasoned[0].wait_kind == "Bash-test"
+    assert fresh[0].eta_s == pytest.approx(0.05, rel=0.01)
+    assert seasoned[0].eta_s == pytest.approx(0.1, rel=0.13)
+    assert learned.model_dump() == before  # each configuration starts from the same
 
 
 def test_a_sub_agent_runs_on_a_child_branch_and_a_kept_session_waits_on_its_user() -> None:

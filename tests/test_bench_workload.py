@@ -15,7 +15,7 @@ from claude_code_transcripts import coding_session, session_with_sub_agent
 
 from benchmarks import workload_figures
 from benchmarks._claude_code import TASK, Session, replayed_calls
-from benchmarks._sessions import find_source, load_sessions, session_from_trace
+from benchmarks._sessions import find_source, load_history, load_sessions, session_from_trace
 from benchmarks._synthetic import (
     FIGURES_PATH,
     QUANTILE_POINTS,
@@ -219,6 +219,17 @@ def test_load_sessions_takes_the_first_that_call_a_tool_and_fit() -> None:
         calls = list(replayed_calls(s))
         assert any(not c.ends_turn for _, c in calls)
         assert all(-(-c.prompt_tokens // 64) * 4 <= 2000 for _, c in calls)
+
+
+def test_the_history_is_the_sources_other_sessions(tmp_path: Path) -> None:
+    for name in ("a", "b", "c"):
+        coding_session().write(tmp_path / f"{name}.jsonl")
+    source = find_source(REPO, claude_code=tmp_path)
+    replayed = load_sessions(source, k=4, max_prompt=2000, n=1)
+    history = load_history(source, replayed, 5)
+    assert [s.session_id for s in replayed + history] == ["a", "b", "c"]
+    assert load_history(source, replayed, 1) == history[:1]
+    assert load_history(source, replayed, 0) == []
 
 
 def test_the_measurement_writes_figures_the_generator_reads(tmp_path: Path) -> None:
