@@ -173,6 +173,7 @@ class ShelfPort:
         self._protected: Counter[int] = Counter()
         self._kept: dict[int, KVCacheBlock] = {}
         self._loose: OrderedDict[int, KVCacheBlock] = OrderedDict()
+        self._reused: set[int] = set()  # touched by a request since allocated
         self.on_short: Callable[[int], bool] = lambda blocks: False
         self.accounting = EvictionPayoff(pool.num_gpu_blocks)
         self._free = pool.free_blocks
@@ -218,11 +219,14 @@ class ShelfPort:
             self._loose[block.block_id] = block  # oldest first, as they were freed
         if not evict_first:
             return
-        # Ended: the blocks no retention holds any more go before all others,
-        # the chain's tail first.
+        # Ended: the blocks no retention holds any more and no later request
+        # reused go before all others, the chain's tail first. A reused block
+        # may be a prefix other sessions share (a system prompt, a sub-agent's
+        # parent's): it keeps its LRU place, as its users' next requests need
+        # it whole (one evicted head block makes vLLM recompute the prompt).
         for i in block_ids:
             block = self._pool.blocks[i]
-            if i in self._protected or block.ref_cnt != 0 or block.is_null:
+            if i in self._protected or i in self._reused or block.ref_cnt != 0 or block.is_null:
                 continue
             if i not in self._loose:
                 self._queue.remove(block)
@@ -258,6 +262,7 @@ class ShelfPort:
                 self._queue.append(block)  # for the pool's own touch to take it off
             if block.ref_cnt == 0:
                 self.accounting.hit(i)
+            self._reused.add(i)
         self._touch(blocks)
 
     def _on_get_new(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -268,7 +273,9 @@ class ShelfPort:
                     block.block_id, self._hash_of(block.block_hash), self._kept.__contains__
                 )
         self._queue.prepend_n(chosen)
-        return self._get_new(num_blocks)
+        fresh = self._get_new(num_blocks)
+        self._reused.difference_update(b.block_id for b in fresh)
+        return fresh
 
     def _choose(self, n: int) -> list[KVCacheBlock]:
         """Take off the queue and the shelf the blocks an allocation of ``n``

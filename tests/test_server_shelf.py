@@ -123,6 +123,25 @@ def test_a_release_that_is_not_for_room_makes_the_blocks_the_next_evicted() -> N
     assert [_cached(pool, h) for h in (1, 2, 3)] == [True, False, True]
 
 
+def test_an_ended_branch_leaves_a_prefix_another_request_reused_in_its_lru_place() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    prefix = _compute(pool, [1])  # a system prompt, say
+    own = _compute(pool, [2])
+    chain = prefix + own
+    _finish(pool, chain)
+    other = _compute(pool, [3])
+    _finish(pool, other)
+    pool.touch(prefix)  # another session's request hits the prefix ...
+    _finish(pool, prefix)  # ... and finishes: the prefix is the youngest block
+    port.release([b.block_id for b in chain], evict_first=True)  # the first branch ends
+    pool.get_new_blocks(N - 1 - 3 + 1)  # room for one more than the uncached blocks
+    # Its own block goes first; the shared prefix and the older block 3 stay.
+    assert [_cached(pool, h) for h in (1, 2, 3)] == [True, False, True]
+    pool.get_new_blocks(1)
+    assert [_cached(pool, h) for h in (1, 3)] == [True, False]  # LRU: 3 before 1
+
+
 def test_the_pool_never_fails_for_a_retention_that_gives_nothing_back() -> None:
     pool = _pool()
     port = ShelfPort(pool)  # on_short answers False: nothing to release
