@@ -594,7 +594,8 @@ class EngineRetention:
             self._held.update(block_ids)
         for release in releases:
             block_ids = release.block_ids
-            # An ended branch's blocks go first; any other's keep their place.
+            # An ended branch's blocks go first (those no later request reused:
+            # the port knows); any other's keep their place.
             self._pool.release(block_ids, evict_first=release.reason is ReleaseReason.END)
             for b in block_ids:
                 if self._held[b] == 1:
