@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,5 +233,7 @@ def load_history(
     if n <= 0:
         return []
     ids = {s.session_id for s in replayed}
-    fresh = (s for s in _candidates(source, seed + 1, 1 << 62) if s.session_id not in ids)
+    # Any size: the history is only read, never sent (generated ones: another seed).
+    every = _candidates(source, seed + 1, max_prompt_tokens=sys.maxsize)
+    fresh = (s for s in every if s.session_id not in ids)
     return list(itertools.islice(fresh, n))

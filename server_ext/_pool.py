@@ -161,7 +161,8 @@ class ShelfPort:
     oldest first) are free (``ref_cnt == 0``) and not in the free queue;
     ``pool.get_num_free_blocks()`` is the queue's count plus the shelf's; a
     block is protected while ``_protected`` counts it, and a protected shelf
-    block is in ``_kept``.
+    block is in ``_kept``; ``_reused`` holds the blocks a request touched (hit)
+    since they were last allocated.
     """
 
     def __init__(self, pool: BlockPool) -> None:
@@ -242,6 +243,7 @@ class ShelfPort:
         self._queue.prepend_n([*self._loose.values(), *self._kept.values()])
         self._loose.clear()
         self._kept.clear()
+        self._reused.clear()
 
     # -- the pool's wrapped methods
 
