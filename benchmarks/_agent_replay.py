@@ -103,7 +103,7 @@ class _Shared:
     on_done: OnDone | None
     # The tool latencies every session's agent learns into and starts from, as
     # one agent's sessions on one machine would (``RunConfig.shared_latency``).
-    latency: LatencyStats = field(default_factory=LatencyStats)
+    latency: LatencyStats
 
 
 class _Completions:
