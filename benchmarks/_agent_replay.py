@@ -161,6 +161,7 @@ class ReplayModel:
             hint=serialize_header(hints) if settings.hints and hints is not None else None,
             ends_turn=call.ends_turn,
             wait_kind=None if call.ends_turn else call.wait_kind,
+            recorded_wait_s=_recorded_wait(branch, seq, settings),
         )
         shared.run.records.append(record)
         shared.run.prompts.append(prompt)
@@ -256,6 +257,19 @@ class HintedReplayModel(ReplayModel):
             elif at < len(queue) and queue[at].tool == USER_TOOL:
                 record.eta_s = queue[at].eta
                 taken[record.branch] = at + 1
+
+
+def _recorded_wait(branch: Branch, seq: int, settings: ReplaySettings) -> float | None:
+    """The wait the recording had after ``branch``'s call ``seq`` (on its tools, or
+    on the user after a turn), as the replay scales it; None after the last."""
+    call = branch.calls[seq]
+    if not call.ends_turn:
+        wait = call.wait_s
+    elif seq + 1 < len(branch.calls):
+        wait = branch.calls[seq + 1].user_wait_s
+    else:
+        wait = None
+    return None if wait is None else settings.wait_s(wait)
 
 
 def predicted_gap(response: object) -> float | None:

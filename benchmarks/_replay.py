@@ -129,8 +129,11 @@ class RequestRecord:
     The agent replay (``benchmarks.agent_replay``) also says what the wait after
     the response is on (``wait_kind``: the tool kind, None when the turn ends),
     when the client expected the branch back (``eta_s``: the largest ``eta`` of
-    the response's ``tool_start`` events, or the ``user`` one's) and the
-    server's own prediction, when the response carries one (``server_gap_s``).
+    the response's ``tool_start`` events, or the ``user`` one's), the server's
+    own prediction, when the response carries one (``server_gap_s``), and the
+    wait the recording had there, scaled as replayed (``recorded_wait_s``: the
+    replayed wait also holds the loop's own time, which a compressed replay
+    makes comparable to its shortest waits).
     """
 
     trace_id: str
@@ -150,6 +153,7 @@ class RequestRecord:
     wait_kind: str | None = None
     eta_s: float | None = None
     server_gap_s: float | None = None
+    recorded_wait_s: float | None = None
 
 
 OnDone = Callable[[RequestRecord], None]

@@ -127,13 +127,17 @@ def wait_calibration(records: Iterable[RequestRecord]) -> dict[str, dict[str, An
     """Per kind of wait (the tool kind, or ``user`` after a turn's end), most
     waits first: how many, their share, their median and p90 (s, as replayed),
     and the share the client's ``eta`` and the server's own prediction put
-    within 2x of the real wait (None where that side predicted none). The key
-    ``all`` pools every kind."""
-    waits: dict[str, list[tuple[float, float | None, float | None]]] = {}
+    within 2x of the real wait (None where that side predicted none); and the
+    share of the client's within 2x of the recorded wait as the replay scaled
+    it (``client_within_2x_recorded``: the prediction alone, without the loop's
+    own time that the replayed wait also holds). The key ``all`` pools every
+    kind."""
+    waits: dict[str, list[tuple[float, float | None, float | None, float | None]]] = {}
     for prev, _, wait_s in returns(records):
         kind = USER_TOOL if prev.ends_turn else prev.wait_kind
         if kind is not None:
-            waits.setdefault(kind, []).append((wait_s, prev.eta_s, prev.server_gap_s))
+            row = (wait_s, prev.eta_s, prev.server_gap_s, prev.recorded_wait_s)
+            waits.setdefault(kind, []).append(row)
     total = sum(len(rows) for rows in waits.values())
     pooled = [row for rows in waits.values() for row in rows]
     table: dict[str, dict[str, Any]] = {}
@@ -143,14 +147,17 @@ def wait_calibration(records: Iterable[RequestRecord]) -> dict[str, dict[str, An
     ]:
         if not rows:
             continue
-        actual = sorted(w for w, _, _ in rows)
+        actual = sorted(w for w, _, _, _ in rows)
         table[kind] = {
             "waits": len(rows),
             "share_of_waits": len(rows) / total,
             "median_wait_s": statistics.median(actual),
             "p90_wait_s": _quantile(actual, 0.9),
-            "client_within_2x": _share_within_2x((c, w) for w, c, _ in rows),
-            "server_within_2x": _share_within_2x((s, w) for w, _, s in rows),
+            "client_within_2x": _share_within_2x((c, w) for w, c, _, _ in rows),
+            "server_within_2x": _share_within_2x((s, w) for w, _, s, _ in rows),
+            "client_within_2x_recorded": _share_within_2x(
+                (c, r) for _, c, _, r in rows if r is not None
+            ),
         }
     return table
 
@@ -159,15 +166,16 @@ def format_calibration(table: Mapping[str, Mapping[str, Any]]) -> str:
     """``wait_calibration``'s table, one row per kind of wait."""
     head = (
         f"{'wait on':<16}{'waits':>7}{'share':>8}{'median s':>10}{'p90 s':>9}"
-        f"{'client 2x':>11}{'server 2x':>11}"
+        f"{'client 2x':>11}{'server 2x':>11}{'client 2x rec.':>16}"
     )
     lines = [head, "-" * len(head)]
     for kind, row in table.items():
         client, server = row["client_within_2x"], row["server_within_2x"]
+        recorded = row["client_within_2x_recorded"]
         lines.append(
             f"{kind:<16}{row['waits']:>7}{100 * row['share_of_waits']:>7.1f}%"
             f"{row['median_wait_s']:>10.3f}{_fmt(row['p90_wait_s'], '.3f'):>9}"
-            f"{_percent(client):>11}{_percent(server):>11}"
+            f"{_percent(client):>11}{_percent(server):>11}{_percent(recorded):>16}"
         )
     return "\n".join(lines)
 

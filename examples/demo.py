@@ -65,9 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(list(report["summary"].values())))
     waits = report["calibration"].get("all")
     if waits is not None and waits["client_within_2x"] is not None:
+        recorded = waits["client_within_2x_recorded"]
         print(
             f"\nthe SDK's ETAs ({report['calibration_config']} run): within 2x of the wait for "
             f"{100 * waits['client_within_2x']:.0f}% of {waits['waits']} waits on tools and users"
+            + (f" ({100 * recorded:.0f}% of the recorded waits)" if recorded is not None else "")
         )
     print(f"\nwrote {args.out}" + "".join(f"\n      {p}" for p in replayed.plots))
     return 0 if replayed.ok else 1

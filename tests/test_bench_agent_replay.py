@@ -112,6 +112,9 @@ def test_each_recorded_call_is_one_token_id_request_and_each_tool_waits_as_recor
     # The recorded waits, scaled: 2 s -> 0.1 s, 0.02 s -> 1 ms.
     waits = [b.sent_at - a.sent_at - (a.latency_s or 0.0) for a, b in itertools.pairwise(records)]
     assert all(w >= 0.1 for w in waits[0::2]) and all(w < 0.05 for w in waits[1::2])
+    # Each record keeps the recording's wait after it, as scaled; none after the last.
+    recorded = [r.recorded_wait_s for r in records]
+    assert recorded == pytest.approx([0.1, 0.001, 0.1, 0.001, 0.1, None])
     # The SDK learns per kind: by the third test run its ETA is the tests' wait, while
     # a Read's is a millisecond.
     assert [r.wait_kind for r in records] == [*(e["tool"] for e in starts), None]
@@ -164,6 +167,8 @@ def test_a_sub_agent_runs_on_a_child_branch_and_a_kept_session_waits_on_its_user
     by_seq = {(r.branch, r.seq): r for r in records}
     assert by_seq["root", 2].ends_turn and by_seq["root", 2].eta_s is not None
     assert by_seq["root", 1].wait_kind == "Task" and by_seq["root", 1].eta_s is not None
+    # After a turn: the user's recorded 2.5 s, scaled.
+    assert by_seq["root", 2].recorded_wait_s == pytest.approx(2.5 / SETTINGS.time_scale)
     table = wait_calibration(records)
     assert table["user"]["waits"] == 1
     assert table["all"]["waits"] == 5
@@ -211,8 +216,10 @@ def record(seq: int, sent_at: float, **kw: Any) -> RequestRecord:
 
 def test_wait_calibration_scores_each_kind_of_wait() -> None:
     records = [
-        record(0, 0.0, wait_kind="Bash-test", eta_s=1.0, server_gap_s=4.0),  # 1.5 s: 2x
-        record(1, 1.5, wait_kind="Bash-test", eta_s=1.0),  # 3.5 s: the ETA was far off
+        # 1.5 s: 2x; the recording's 1.2 s too
+        record(0, 0.0, wait_kind="Bash-test", eta_s=1.0, server_gap_s=4.0, recorded_wait_s=1.2),
+        # 3.5 s: the ETA was far off, from the recording's 3 s too
+        record(1, 1.5, wait_kind="Bash-test", eta_s=1.0, recorded_wait_s=3.0),
         record(2, 5.0, wait_kind="Read", eta_s=0.001),  # 5 ms, both floored: "at once"
         record(3, 5.005, ends_turn=True, eta_s=60.0),  # the user took 60 s
         record(4, 65.0),
@@ -223,6 +230,10 @@ def test_wait_calibration_scores_each_kind_of_wait() -> None:
     assert (test["waits"], test["share_of_waits"]) == (2, 0.5)
     assert test["median_wait_s"] == pytest.approx((1.5 + 3.5) / 2)
     assert (test["client_within_2x"], test["server_within_2x"]) == (0.5, 0.0)
+    assert test["client_within_2x_recorded"] == 0.5
+    # Where no recorded wait is known, that column scores nothing.
+    assert table["Read"]["client_within_2x_recorded"] is None
+    assert table["all"]["client_within_2x_recorded"] == 0.5
     assert table["Read"]["client_within_2x"] == 1.0  # 5 ms and 1 ms are both "at once"
     assert table["user"]["client_within_2x"] == 1.0
     assert table["all"]["waits"] == 4 and table["all"]["client_within_2x"] == 0.75
@@ -264,6 +275,7 @@ def test_the_command_replays_two_sessions_plain_and_hinted(
         "p90_wait_s",
         "client_within_2x",
         "server_within_2x",
+        "client_within_2x_recorded",
     }
     assert calibration["all"]["client_within_2x"] is not None
     assert set(run["bound"]) == {"plain", "hinted"}
