@@ -67,6 +67,7 @@ def test_a_two_session_demo_runs_on_a_clone_alone(clone: Path) -> None:
     out = done.stdout
     assert "2 agent sessions (sessions generated from the figures in" in out
     assert "hinted / plain" in out and "the SDK's ETAs (hinted run)" in out
+    assert "of the recorded waits)" in out
     report = json.loads((clone / "results" / "demo.json").read_text())
     assert report["source"]["kind"] == "generated"
     assert [s["id"] for s in report["sessions"]] == ["generated-000", "generated-001"]
