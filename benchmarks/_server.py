@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from server_ext import LocalServer, local_server
+from server_ext import LocalServer, local_server, stop_local_servers
 from server_ext.tier import local_mooncake_master
 
 __all__ = [
@@ -137,19 +138,34 @@ def serve(plan: ServerPlan, config: Config, log_dir: Path) -> Iterator[LocalServ
         yield server
 
 
+_SIGTERM_GRACE_S = 60.0
+"""How long a SIGTERM may take to unwind through ``serve`` (stopping a server
+takes up to 30 s before its SIGKILL)."""
+
+
 @contextlib.contextmanager
 def sigterm_as_exit() -> Iterator[None]:
     """Turn SIGTERM into ``SystemExit`` while the block runs (main thread only).
 
     Each server runs in its own process group, so a run killed by SIGTERM (a
     ``timeout``, a CI cancel) would leave its vLLM behind, 3.5 GB and a port; as
-    an exception, the kill unwinds through ``serve``, which stops it.
+    an exception, the kill unwinds through ``serve``, which stops it. Python drops
+    an exception raised while the handler interrupts a ``__del__`` or a weakref
+    callback (a run once went on for 90 s after its SIGTERM), so a process still
+    alive ``_SIGTERM_GRACE_S`` later stops its servers and exits without unwinding.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def exit_(signum: int, _frame: object) -> None:
+        def unwound_too_slowly() -> None:
+            stop_local_servers()
+            os._exit(128 + signum)
+
+        fallback = threading.Timer(_SIGTERM_GRACE_S, unwound_too_slowly)
+        fallback.daemon = True
+        fallback.start()
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, exit_)

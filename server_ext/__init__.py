@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._config import ExtensionConfig, ExtensionConfigError
 from ._launcher import extension_flags, vllm_command
-from ._local import LocalServer, ServerStartError, local_server
+from ._local import LocalServer, ServerStartError, local_server, stop_local_servers
 from ._testmodel import make_test_model
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ __all__ = [
     "extension_flags",
     "local_server",
     "make_test_model",
+    "stop_local_servers",
     "vllm_command",
 ]
 

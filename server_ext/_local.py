@@ -30,12 +30,31 @@ from prometheus_client.parser import text_string_to_metric_families
 from ._launcher import extension_env, vllm_command
 from .tier import TIER_SECRET_ENV
 
-__all__ = ["LocalServer", "ServerStartError", "free_port", "local_server", "stop_process"]
+__all__ = [
+    "LocalServer",
+    "ServerStartError",
+    "free_port",
+    "local_server",
+    "stop_local_servers",
+    "stop_process",
+]
 
 
 _TEST_BED_TIER_SECRET = secrets.token_hex(16)
 """The tier secret of every server this process starts (unless the
 environment sets one): its engines can share a Mooncake store, nobody else."""
+
+
+_running: set[subprocess.Popen[bytes]] = set()
+"""The servers ``local_server`` started and has not stopped yet."""
+
+
+def stop_local_servers() -> None:
+    """Stop every server ``local_server`` started in this process and has not
+    stopped yet: for a signal handler that cannot rely on unwinding (an
+    exception raised in a handler that interrupts a ``__del__`` is dropped)."""
+    for process in list(_running):
+        stop_process(process)
 
 
 def _escape(label_value: str) -> str:
@@ -152,12 +171,14 @@ def local_server(
         },
         start_new_session=True,
     )
+    _running.add(process)
     server = LocalServer("127.0.0.1", port, served_model_name, log_path)
     try:
         _wait_ready(server, process, startup_timeout)
         yield server
     finally:
         stop_process(process)
+        _running.discard(process)
         log.close()
 
 

@@ -5,6 +5,7 @@ and a run killed by SIGTERM stops the server it started."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -104,3 +105,58 @@ def test_a_run_killed_by_sigterm_stops_its_server(
             run.kill()
     assert not _listening(port)
     assert _processes_with(str(port)) == []
+
+
+_SWALLOWED_SIGTERM = """
+import os, signal, subprocess, sys, time
+import benchmarks._server as server
+from server_ext import _local
+
+server._SIGTERM_GRACE_S = 1.0
+child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+_local._running.add(child)  # as local_server registers the servers it starts
+print(child.pid, flush=True)
+
+
+class Interrupted:
+    def __del__(self):  # the handler's SystemExit is raised here, and dropped
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+with server.sigterm_as_exit():
+    Interrupted()
+    while True:  # what would go on for ever
+        time.sleep(0.05)
+"""
+
+
+def test_a_sigterm_whose_exit_python_drops_still_stops_the_servers_and_the_run() -> None:
+    run = subprocess.Popen(
+        [sys.executable, "-c", _SWALLOWED_SIGTERM],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert run.stdout is not None
+    child = int(run.stdout.readline())
+    try:
+        assert run.wait(timeout=30) == 128 + signal.SIGTERM
+        _, stderr = run.communicate()
+        assert "Exception ignored" in stderr  # the SystemExit was dropped, as Python does
+        deadline = time.monotonic() + 10
+        while _alive(child):
+            assert time.monotonic() < deadline, "the registered server outlived the run"
+            time.sleep(0.1)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
