@@ -173,8 +173,7 @@ def test_a_warmup_sits_out_the_steps_of_a_real_prefill(server: LocalServer) -> N
     two looks at ``/metrics`` once took the window whole), then a thread sends
     2-step cold prefills back to back until the warm-up has yielded or
     completed. It stops then: unhinted requests may take a retention's room,
-    and more of them could evict the warmed prompt (two such threads did, and
-    one that ran until the warm-up completed did once in a full run)."""
+    and more of them could evict the warmed prompt."""
     before = server.metrics()
     long = 1920  # tokens: 15 steps of 128
     session, hints = tokens(7, long), 'v=1, sid="yields", gap=3'
