@@ -59,7 +59,11 @@ class Agent(Validated):
         for item in value:
             if not isinstance(item, Tool):
                 name = getattr(item, "__name__", None)
-                fix = f": decorate {name}() with @tool" if callable(item) and name else ""
+                fix = (
+                    f": decorate {name}() with @tool"
+                    if callable(item) and name
+                    else ": define it with agentsdk's @tool (tools of other SDKs do not mix)"
+                )
                 raise ValueError(f"{item!r:.60} is not a Tool{fix}")
         names = [t.name for t in value]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -103,6 +107,9 @@ class Agent(Validated):
         starts fresh with its own system prompt, like the OpenAI Agents SDK's ``as_tool``.
         A forked child cannot call this tool itself unless ``recursive``.
         """
+        for label, flag in (("fork_context", fork_context), ("recursive", recursive)):
+            if not isinstance(flag, bool):
+                raise UserError(f"as_tool({label}={flag!r}): True or False expected")
         if max_turns is not None and (
             not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1
         ):

@@ -97,6 +97,11 @@ class Tool:
                 f"tool name {USER_TOOL!r} is reserved for the human wait (SPEC §6.3): "
                 "give the tool another name (name=...)"
             )
+        for label, flag in (("lenient", self.lenient), ("strict", self.strict)):
+            if not isinstance(flag, bool):  # "yes" would be truthy, "false" too
+                raise ToolDefinitionError(
+                    f"tool {self.name!r}: {label} must be True or False, got {flag!r}"
+                )
         for label, value in (
             ("timeout", self.timeout),
             ("expected_seconds", self.expected_seconds),

@@ -134,6 +134,31 @@ BAD_INPUTS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ),
     ("as_tool(max_turns=0)", call(AGENT.as_tool, max_turns=0), UserError, "max_turns"),
     (
+        "as_tool(fork_context='yes')",
+        call(AGENT.as_tool, fork_context="yes"),
+        UserError,
+        "as_tool(fork_context='yes'): True or False expected",
+    ),
+    ("as_tool(recursive=1)", call(AGENT.as_tool, recursive=1), UserError, "True or False"),
+    (
+        "tool(strict='yes')",
+        call(lambda: tool(strict="yes")(plain_function)),  # type: ignore[arg-type]
+        ToolDefinitionError,
+        "strict must be True or False",
+    ),
+    (
+        "tool(lenient='no')",
+        call(lambda: tool(lenient="no")(plain_function)),  # type: ignore[arg-type]
+        ToolDefinitionError,
+        "lenient must be True or False",
+    ),
+    (
+        "another SDK's tool object",
+        call(Agent, name="x", tools=[object()]),
+        UserError,
+        "define it with agentsdk's @tool",
+    ),
+    (
         "RunConfig(latency_quantile=2)",
         call(RunConfig, latency_quantile=2),
         UserError,

@@ -474,8 +474,14 @@ def test_tier_keys_and_values_cannot_be_forged_without_the_secret(
     monkeypatch.delenv(TIER_SECRET_ENV, raising=False)
     with pytest.raises(TierConfigError, match=TIER_SECRET_ENV):
         config.secret()
-    monkeypatch.setenv(TIER_SECRET_ENV, "s3cret")
-    assert config.secret() == b"s3cret"
+    keys = set()
+    for secret in ("s3cret", "x" * 200):  # any length: BLAKE2b itself takes at most 64 bytes
+        monkeypatch.setenv(TIER_SECRET_ENV, secret)
+        key = config.secret()
+        assert key is not None
+        keys.add(block_key("ns", "t", h, key))
+        assert mac(key, "k", value) != mac(None, "k", value)
+    assert len(keys) == 2
 
 
 @pytest.mark.mooncake

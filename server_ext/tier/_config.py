@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -79,14 +80,15 @@ class TierConfig:
     def secret(self) -> bytes | None:
         """The key of every tier key and value MAC: ``TIER_SECRET_ENV``,
         required for Mooncake (a store others can write to); the host tier,
-        in the engine's own memory, needs none."""
+        in the engine's own memory, needs none. The secret may be any length:
+        its sha256 is the key (BLAKE2b takes at most 64 bytes)."""
         value = os.environ.get(TIER_SECRET_ENV, "")
         if self.kind == "mooncake" and not value:
             raise TierConfigError(
                 f"tier='mooncake': set {TIER_SECRET_ENV} to a secret shared by every engine "
                 "of the store (without it, anyone who can write to the store could plant KV)"
             )
-        return value.encode() or None
+        return hashlib.sha256(value.encode()).digest() if value else None
 
     @property
     def tenant_budget_bytes(self) -> int:
