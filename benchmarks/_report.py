@@ -235,6 +235,7 @@ def summarize(run: ConfigRun) -> dict[str, Any]:
         for name in sorted(run.metrics_after)
         if name.startswith(_HINT_PREFIX) and name.endswith("_total")
     }
+    preemptions = _delta(run, "vllm:num_preemptions_total")
     held = [
         s.values[f"{_HINT_PREFIX}held_blocks"]
         for s in run.samples
@@ -262,7 +263,10 @@ def summarize(run: ConfigRun) -> dict[str, Any]:
         "ttft_p90_s": _quantile(ttft, 0.9),
         "ttft_mean_s": statistics.fmean(ttft) if ttft else None,
         "wall_s": run.wall_s,
-        "preemptions": _delta(run, "vllm:num_preemptions_total"),
+        "preemptions": preemptions,
+        # Warm-ups go first when vLLM must preempt: those cost a warm-up, not a request.
+        "warmup_preemptions": hints.get("warmup_preemptions", 0.0),
+        "real_preemptions": preemptions - hints.get("warmup_preemptions", 0.0),
         "server_prefix_cache_hits": _delta(run, "vllm:prefix_cache_hits_total"),
         "server_prefix_cache_queries": _delta(run, "vllm:prefix_cache_queries_total"),
         "server_queue_time_mean_s": _mean_of(run, "vllm:request_queue_time_seconds"),
@@ -337,12 +341,14 @@ def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
         )
         if hints and (warmed := hints.get("warmups_returned", 0) + hints.get("warmups_wasted", 0)):
             retention += f" warmed {warmed:.0f} (paid {hints.get('warmups_returned', 0):.0f})"
+        if s["warmup_preemptions"]:
+            retention += f" warm-ups preempted {s['warmup_preemptions']:.0f}"
         lines.append(
             f"{s['config']:<24}{s['requests']:>5}{s['failed']:>5}"
             f"{_fmt(None if reuse is None else 100 * reuse, '.1f'):>8}"
             f"{_fmt(None if hit is None else 100 * hit, '.1f'):>7}{s['prefill_tokens']:>13,}"
             f"{_fmt(s['ttft_p50_s'], '.3f'):>10}{_fmt(s['ttft_p90_s'], '.3f'):>8}"
-            f"{_fmt(s['ttft_mean_s'], '.3f'):>8}{s['wall_s']:>8.1f}{s['preemptions']:>8.0f}"
+            f"{_fmt(s['ttft_mean_s'], '.3f'):>8}{s['wall_s']:>8.1f}{s['real_preemptions']:>8.0f}"
             f"{_fmt(tier_mb, '.1f'):>9}{s['load_avg_at_end'][1]:>6.1f}"
             f"  {retention}"
         )

@@ -251,9 +251,9 @@ def checks(
         Check(
             family,
             condition,
-            "preemptions over plain's",
+            "real preemptions over plain's",
             statistics.median(
-                float(r["extension"]["preemptions"]) - float(r["plain"]["preemptions"])
+                float(r["extension"]["real_preemptions"]) - float(r["plain"]["real_preemptions"])
                 for r in repeats
             )
             if repeats

@@ -26,15 +26,17 @@ from __future__ import annotations
 import heapq
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .policy import Payoff
+from .policy import MAX_ROOM_CALLS, Payoff
 
 if TYPE_CHECKING:
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
-__all__ = ["EvictionPayoff", "HoldPort", "ShelfPort"]
+__all__ = ["EvictionPayoff", "HoldPort", "ShelfPort", "allocate_with_room"]
+
+_T = TypeVar("_T")
 
 
 class HoldPort:
@@ -55,6 +57,21 @@ class HoldPort:
 
     def free_blocks(self) -> int:
         return self._pool.get_num_free_blocks()
+
+
+def allocate_with_room(
+    allocate: Callable[[], _T | None], make_room: Callable[[], bool]
+) -> _T | None:
+    """``allocate()``, retried while it fails and ``make_room()`` released held
+    blocks (``HoldPort``), ``MAX_ROOM_CALLS`` times at most: retentions sharing
+    the blocks free them only with the last, so one allocation could otherwise
+    release thousands. What is still short waits a step, as in plain vLLM."""
+    blocks = allocate()
+    for _ in range(MAX_ROOM_CALLS):
+        if blocks is not None or not make_room():
+            break
+        blocks = allocate()
+    return blocks
 
 
 class EvictionPayoff:
@@ -301,7 +318,9 @@ class ShelfPort:
             else:
                 chosen.append(block)
             block = following
-        while len(chosen) < n and self._kept and self.on_short(n - len(chosen)):
+        for _ in range(MAX_ROOM_CALLS):
+            if len(chosen) >= n or not self._kept or not self.on_short(n - len(chosen)):
+                break
             chosen += self._take_loose(n - len(chosen))
         # What the retention did not give up (it releases a bounded number of
         # branches per call, and blocks many of them share) is taken anyway,

@@ -53,8 +53,17 @@ def test_summary_counts_reuse_against_the_theoretical_maximum() -> None:
     assert s["server_prefill_tokens"] == 1300.0  # warm-ups included
     assert s["ttft_mean_s"] == pytest.approx(0.2)
     assert s["preemptions"] == 2.0
+    assert (s["warmup_preemptions"], s["real_preemptions"]) == (0.0, 2.0)
     assert s["agent_hints"] == {"holds": 5.0}
     assert (s["held_blocks_mean"], s["held_blocks_max"]) == (6.0, 8.0)
+
+
+def test_preempted_warm_ups_are_told_apart_from_preempted_requests() -> None:
+    run = _run("prefetch", [_record(600, 800, 0.1)], agent_hints_warmup_preemptions_total=1.0)
+    s = summarize(run)
+    assert (s["preemptions"], s["warmup_preemptions"], s["real_preemptions"]) == (2.0, 1.0, 1.0)
+    row = format_table([s]).splitlines()[2]
+    assert "warm-ups preempted 1" in row
 
 
 def test_table_has_a_row_per_config_and_ratio_rows(tmp_path: Path) -> None:

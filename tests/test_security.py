@@ -712,6 +712,23 @@ def test_making_room_releases_a_bounded_number_of_retentions_per_call() -> None:
     assert p.retained_branches >= 2000 - MAX_DROPS
 
 
+def test_making_room_does_work_independent_of_the_number_of_tenants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 20,000 tenants of one block each, every one within its fair share: the
+    # fair-share checks must not visit them all (they did: 6 ms per call).
+    p = _policy(max_held_fraction=1.0, max_tenant_fraction=1.0)
+    for i in range(20_000):
+        _retain(p, f"t{i}", "s", (i % 900,), gap=10.0)
+    visited: list[str] = []
+    ledger = p._ledger
+    held = ledger.tenant_held
+    monkeypatch.setattr(ledger, "tenant_held", lambda t: visited.append(t) or held(t))
+    monkeypatch.setattr(ledger, "tenants", lambda: pytest.fail("visited every tenant"))
+    p.make_room(1, now=0.0)
+    assert len(visited) < 100
+
+
 # ---------------------------------------------------------------- 7. the real server
 
 

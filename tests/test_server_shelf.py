@@ -14,8 +14,8 @@ import pytest
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock, make_block_hash_with_group_id
 
-from server_ext._pool import EvictionPayoff, HoldPort, ShelfPort
-from server_ext.policy import Payoff
+from server_ext._pool import EvictionPayoff, HoldPort, ShelfPort, allocate_with_room
+from server_ext.policy import MAX_ROOM_CALLS, Payoff
 
 N = 12  # block 0 is vLLM's null block: 11 usable
 
@@ -150,6 +150,43 @@ def test_the_pool_never_fails_for_a_retention_that_gives_nothing_back() -> None:
     _finish(pool, chain)
     assert len(pool.get_new_blocks(N - 1)) == N - 1
     assert pool.get_num_free_blocks() == 0 and port.shelved == 0
+
+
+def test_one_allocation_asks_the_retention_a_bounded_number_of_times() -> None:
+    """Thousands of retentions sharing a block free it only with the last:
+    each ``on_short`` releases a few and frees nothing. The allocation stops
+    asking after ``MAX_ROOM_CALLS`` and takes the protected blocks itself."""
+    pool = _pool()
+    port = ShelfPort(pool)
+    asked: list[int] = []
+
+    def releases_nothing(blocks: int) -> bool:
+        asked.append(blocks)
+        return True  # it released retentions, but another still holds the blocks
+
+    port.on_short = releases_nothing
+    chain = _compute(pool, [1, 2])
+    port.hold([b.block_id for b in chain])
+    _finish(pool, chain)
+    assert len(pool.get_new_blocks(N - 1)) == N - 1
+    assert len(asked) == MAX_ROOM_CALLS and port.shelved == 0
+
+
+def test_held_references_are_given_back_a_bounded_number_of_times_per_allocation() -> None:
+    calls: list[str] = []
+
+    def allocate() -> None:
+        calls.append("allocate")
+
+    def make_room() -> bool:
+        calls.append("room")
+        return True  # released retentions whose blocks others still hold
+
+    assert allocate_with_room(allocate, make_room) is None
+    assert calls.count("room") == MAX_ROOM_CALLS
+    assert calls.count("allocate") == MAX_ROOM_CALLS + 1
+    assert allocate_with_room(lambda: "blocks", make_room) == "blocks"
+    assert calls.count("room") == MAX_ROOM_CALLS  # a served allocation asks nothing
 
 
 def test_a_hit_on_a_shelved_block_takes_it_and_its_release_after_the_request() -> None:

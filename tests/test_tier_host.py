@@ -336,6 +336,25 @@ def test_connect_builds_the_tier_in_the_background() -> None:
     assert tier.contains(["k"]) == 1
 
 
+def test_a_worker_connects_its_tier_before_the_first_step() -> None:
+    """A connection slower than a step's budget (Mooncake registering its
+    segment on a busy host) must not skip the first prefill's saves: the
+    worker starts connecting when it is built, so the engine's start-up
+    covers the connection."""
+
+    def factory() -> KVTier:
+        time.sleep(0.4)
+        return HostTier(None)
+
+    worker = TierWorker(
+        GuardedTier(factory, timeout_s=1), BlockCodec(kv_caches(seed=3), 6), budget_s=0.25
+    )
+    time.sleep(0.6)  # the engine's start-up after registering its KV caches
+    worker.save([(f"k{i}", i, 0.0) for i in range(4)], drops=[])
+    report = worker.take_report()
+    assert report is not None and not report.failed_saves and report.bytes_saved > 0
+
+
 def test_tier_config() -> None:
     assert TierConfig.from_mapping({}) is None
     config = TierConfig.from_mapping({"tier": "host", "tier_bytes": 1 << 20})

@@ -17,12 +17,20 @@ from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent, ToolStartE
 from ._keys import ROOT, BranchHints, BranchKey
 from ._payoff import Payoff
 from ._planner import Plan, PlannerStats, PrefetchPlanner
-from ._policy import MAX_CHILDREN, MAX_DROPS, MIN_BUDGET_SCALE, PolicyStats, RetentionPolicy
+from ._policy import (
+    MAX_CHILDREN,
+    MAX_DROPS,
+    MAX_ROOM_CALLS,
+    MIN_BUDGET_SCALE,
+    PolicyStats,
+    RetentionPolicy,
+)
 from ._retention import Retention
 
 __all__ = [
     "MAX_CHILDREN",
     "MAX_DROPS",
+    "MAX_ROOM_CALLS",
     "MIN_BUDGET_SCALE",
     "ROOT",
     "Action",

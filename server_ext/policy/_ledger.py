@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from ._heap import IndexedHeap
+
 
 class BlockLedger:
     """Which block ids retentions hold, globally and per tenant.
@@ -20,11 +22,15 @@ class BlockLedger:
       - ``_tenant_refs[t][b]`` is the same over tenant ``t``'s retentions; a
         tenant with no held block has no entry.
       - ``held == len(_refs)`` and ``tenant_held(t) == len(_tenant_refs[t])``.
+      - ``_by_held`` ranks exactly the tenants of ``_tenant_refs`` by
+        ``-tenant_held(t)``: the fair-share checks read the largest holder
+        and the tenant count in O(1), whatever the number of tenants.
     """
 
     def __init__(self) -> None:
         self._refs: dict[int, int] = {}
         self._tenant_refs: dict[str, dict[int, int]] = {}
+        self._by_held: IndexedHeap[str] = IndexedHeap()
 
     @property
     def held(self) -> int:
@@ -39,12 +45,22 @@ class BlockLedger:
         """Distinct block ids held by ``tenant``'s retentions."""
         return len(self._tenant_refs.get(tenant, ()))
 
+    def tenant_count(self, newcomer: str | None = None) -> int:
+        """The number of tenants holding blocks, with ``newcomer`` counted."""
+        return len(self._tenant_refs) + (newcomer is not None and newcomer not in self._tenant_refs)
+
+    def most_held(self) -> int:
+        """The most distinct block ids any one tenant holds (0 if none)."""
+        top = self._by_held.peek()
+        return 0 if top is None else -top[0]
+
     def add(self, tenant: str, blocks: Iterable[int]) -> None:
         """Count one more holder of each of ``blocks`` (distinct ids)."""
         tenant_refs = self._tenant_refs.setdefault(tenant, {})
         for b in blocks:
             self._refs[b] = self._refs.get(b, 0) + 1
             tenant_refs[b] = tenant_refs.get(b, 0) + 1
+        self._rank(tenant, tenant_refs)
 
     def remove(self, tenant: str, blocks: Iterable[int]) -> tuple[list[int], list[int]]:
         """Count one holder fewer; return the blocks no longer held globally
@@ -57,7 +73,14 @@ class BlockLedger:
             _decrement(tenant_refs, b, tenant_freed)
         if not tenant_refs:
             del self._tenant_refs[tenant]
+        self._rank(tenant, tenant_refs)
         return freed, tenant_freed
+
+    def _rank(self, tenant: str, tenant_refs: dict[int, int]) -> None:
+        if tenant_refs:
+            self._by_held.set(tenant, -len(tenant_refs))
+        else:
+            self._by_held.remove(tenant)
 
     def new_blocks(self, tenant: str, blocks: Iterable[int]) -> tuple[int, int]:
         """How many of ``blocks`` (distinct ids) would newly count against the

@@ -39,6 +39,12 @@ made without them (the shelf takes blocks anyway, a newcomer is clipped).
 Eight keep ``make_room`` under a millisecond at 100,000 retentions
 (``benchmarks.policy_ops``)."""
 
+MAX_ROOM_CALLS = 4
+"""``make_room`` calls one allocation makes at most, so it releases at most
+``MAX_ROOM_CALLS * MAX_DROPS`` retentions, however many share its blocks: the
+shelf then takes protected blocks itself; with held references vLLM waits a
+step (the next allocation releases the next few)."""
+
 MIN_BUDGET_SCALE = 1 / 16
 """The smallest share of its budgets retention keeps while it does not pay
 (``RetentionPolicy.scale_budget``): enough to go on measuring whether it does."""
@@ -427,7 +433,7 @@ class RetentionPolicy:
             return actions
         self._rerank_due(now)
         fair = self._fair_share()
-        over_share = any(self._ledger.tenant_held(t) > fair for t in self._ledger.tenants())
+        over_share = self._ledger.most_held() > fair
         for within_share in (self._within(fair), None) if over_share else (None,):
             with self._candidates(self._order, passed_over=within_share) as victims:
                 for victim in victims:
@@ -669,10 +675,7 @@ class RetentionPolicy:
     def _fair_share(self, newcomer: str | None = None) -> float:
         """The global cap split evenly over the tenants holding blocks (and
         ``newcomer``): a tenant within it keeps what it holds."""
-        tenants = set(self._ledger.tenants())
-        if newcomer is not None:
-            tenants.add(newcomer)
-        return self.held_cap / max(len(tenants), 1)
+        return self.held_cap / max(self._ledger.tenant_count(newcomer), 1)
 
     def _order_of(self, tenant: str) -> VictimOrder:
         order = self._tenant_orders.get(tenant)

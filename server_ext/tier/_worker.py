@@ -39,6 +39,9 @@ class TierWorker:
     means a later miss. Each call's loads (and each call's saves) take at
     most ``budget_s`` of the step: a slow but alive store is given that long,
     and what did not fit is a failed load (recomputed) or a skipped save.
+    A guarded (remote) tier starts connecting at construction: the
+    connection (Mooncake registers its segment, seconds on a busy host)
+    would otherwise take the first step's budget and skip its saves.
     """
 
     def __init__(
@@ -56,6 +59,8 @@ class TierWorker:
         self._budget_s = budget_s
         self._clock = clock
         self._report = TierReport()
+        if isinstance(tier, GuardedTier):
+            tier.connect()
 
     @contextlib.contextmanager
     def _budget(self) -> Iterator[float]:
