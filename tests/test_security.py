@@ -754,12 +754,12 @@ def keyed_server(
         yield server
 
 
-def _complete(server: LocalServer, prompt: list[int], headers: dict[str, str]) -> int:
+def _complete(
+    server: LocalServer, prompt: list[int], headers: dict[str, str], path: str = "/v1/completions"
+) -> int:
     """A 1-token completion; its cached prompt tokens."""
     status, reply = server.post_json(
-        "/v1/completions",
-        {"model": server.model, "prompt": prompt, "max_tokens": 1},
-        headers,
+        path, {"model": server.model, "prompt": prompt, "max_tokens": 1}, headers
     )
     assert status == 200, reply
     assert isinstance(reply, dict)
@@ -792,10 +792,71 @@ def test_real_server_refuses_every_api_server_attack(keyed_server: LocalServer) 
     assert server.post_json(CONTROL_PATH, events("alice-1"), BOB)[0] == 200
     _complete(server, [7], BOB)
     assert _held(server) >= 10
-    # Bob sharing Alice's prefix (and naming a salt) gets none of her cache.
+    # Bob sharing Alice's prefix (with her hint) gets none of her cache.
     assert _complete(server, prompt, {**BOB, **hint}) == 0
     assert _complete(server, prompt, ALICE) >= 576  # hers still is
     # The control endpoint is rate-limited (bursts of 4 at 2/s).
     codes = [server.post_json(CONTROL_PATH, events("b", {"type": "tool_end"}), BOB)[0]
              for _ in range(8)]  # fmt: skip
     assert 429 in codes
+
+
+def _retained(server: LocalServer, sid: str, prompt: list[int], headers: dict[str, str]) -> float:
+    """Retain ``sid``'s ``prompt`` (10 blocks); the held blocks once published."""
+    before = _held(server)
+    _complete(server, prompt, {**headers, "Agent-Hints": f'v=1, sid="{sid}", gap=300'})
+    for _ in range(50):
+        if _held(server) >= before + 10:
+            break
+        _complete(server, [7], headers)  # an engine step publishes the gauge
+    held = _held(server)
+    assert held >= before + 10
+    return held
+
+
+def _settled_held(server: LocalServer) -> float:
+    _complete(server, [7], ALICE)
+    _complete(server, [7], ALICE)
+    return _held(server)
+
+
+@pytest.mark.server
+def test_real_server_keeps_a_tenant_whole_under_header_body_and_route_attacks(
+    keyed_server: LocalServer,
+) -> None:
+    server = keyed_server
+    prompt = list(range(1000, 1000 + 640))
+    held = _retained(server, "alice-2", prompt, ALICE)
+    url = server.root_url
+    with httpx.Client(timeout=60) as http:
+        # A large body without a key is refused without being read (the
+        # server may close the connection before the client has sent it all).
+        try:
+            big = http.post(url + "/v1/completions", content=b"[" * (8 << 20), headers=HINT)
+            assert big.status_code == 401
+        except (httpx.WriteError, httpx.RemoteProtocolError, httpx.ReadError):
+            pass
+        # Two Authorization lines: vLLM checks the first, and the first names
+        # the tenant, so Bob's key with Alice's after it is still Bob.
+        two = [("Authorization", "Bearer sk-bob"), ("Authorization", "Bearer sk-alice")]
+        assert http.post(url + CONTROL_PATH, json=events("alice-2"), headers=two).is_success
+        # A scalar kv_transfer_params through vllm_xargs is no fault.
+        xargs = {"model": server.model, "prompt": [1, 2, 3], "max_tokens": 1,
+                 "vllm_xargs": {"kv_transfer_params": 0}}  # fmt: skip
+        assert http.post(url + "/v1/completions", json=xargs, headers=BOB).status_code < 500
+        # An unchecked key on a route vLLM leaves open names no tenant: no
+        # share of Alice's cache, while her own key there still gets it.
+        invented = {"Authorization": "Bearer sk-invented"}
+        assert _complete(server, prompt, invented, "/invocations") == 0
+        assert _complete(server, prompt, ALICE, "/invocations") >= 576
+        # The control outcome says nothing of the TTL cap (600 s: the ETA is over it).
+        start = events("alice-2", {"type": "tool_start", "tool": "bash", "eta": 5000})
+        reply = http.post(url + CONTROL_PATH, json=start, headers=ALICE).json()
+        assert reply["results"] == [{"index": 0, "outcome": "accepted"}]
+    assert _settled_held(server) >= held
+    after = server.metrics()
+    assert after.get("agent_hints_faults_total", 0.0) == 0
+    # /metrics is open: at the defaults no series answers a guessed session id.
+    assert not {"agent_hints_rejected_total", "agent_hints_ends_total"} & set(after)
+    # With keys set, no warning that clients name their own tenant.
+    assert "no --api-key" not in server.log_path.read_text()
