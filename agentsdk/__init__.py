@@ -26,6 +26,7 @@ from ._errors import (
     OutputValidationError,
     RunLimitExceeded,
     ToolDefinitionError,
+    UnhintedClientWarning,
     UserError,
 )
 from ._hooks import RunHooks
@@ -117,6 +118,7 @@ __all__ = [
     "ToolDefinitionError",
     "ToolEndEvent",
     "ToolStartEvent",
+    "UnhintedClientWarning",
     "Usage",
     "UserError",
     "current_hints",

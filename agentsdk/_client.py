@@ -26,7 +26,7 @@ from typing_extensions import override
 from hints_spec import HEADER_NAME, SESSION_HEADER, AgentHints, serialize_header
 
 from ._errors import NoSessionWarning
-from ._scope import active_scope
+from ._scope import active_scope, note_sent
 
 __all__ = ["HintedAsyncOpenAI", "HintedOpenAI", "has_header", "hint_headers"]
 
@@ -76,6 +76,7 @@ def _with_hints(
         _warn_once(options, client)
     if scope is None:
         return options
+    note_sent()
     client_headers = client._custom_headers
     headers = options.headers if isinstance(options.headers, Mapping) else {}
     sid = scope.hints.sid

@@ -20,6 +20,7 @@ __all__ = [
     "OutputValidationError",
     "RunLimitExceeded",
     "ToolDefinitionError",
+    "UnhintedClientWarning",
     "UserError",
     "invalid_arguments",
 ]
@@ -96,6 +97,11 @@ class OutputValidationError(AgentsError):
 
 class NoSessionWarning(UserWarning):
     """A hinted client sent a model request outside any session (once per client)."""
+
+
+class UnhintedClientWarning(UserWarning):
+    """An adapter opened a session's scope around a model request that its client sent
+    without hints: the framework's model does not use a hinted client (once per adapter)."""
 
 
 def invalid_arguments(where: str, error: ValidationError) -> UserError:

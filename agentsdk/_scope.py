@@ -25,10 +25,12 @@ from ._sentinel import UNSET, Unset
 __all__ = [
     "HintArgumentError",
     "ResolvedScope",
+    "SendWatch",
     "active_scope",
     "check_session_id",
     "current_hints",
     "hint_scope",
+    "note_sent",
     "session_id_for",
 ]
 
@@ -109,6 +111,39 @@ class ResolvedScope:
 
 
 _ACTIVE: ContextVar[ResolvedScope | None] = ContextVar("agentsdk_hint_scope", default=None)
+_WATCH: ContextVar[SendWatch | None] = ContextVar("agentsdk_send_watch", default=None)
+
+
+class SendWatch:
+    """Counts the hinted requests sent while it is active (``sent``).
+
+    For an adapter that opens a scope around a request it does not make (a LangChain
+    callback): afterwards it can tell whether the framework's client attached the
+    hints, and say so when it did not. Enter and exit may happen in different
+    callbacks; a context copied in between shares the watch.
+    """
+
+    __slots__ = ("_token", "sent")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self._token: Token[SendWatch | None] | None = None
+
+    def __enter__(self) -> SendWatch:
+        self._token = _WATCH.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._token is not None, "__exit__ without __enter__"
+        _WATCH.reset(self._token)
+        self._token = None
+
+
+def note_sent() -> None:
+    """A hinted client attached the active scope to a request."""
+    watch = _WATCH.get()
+    if watch is not None:
+        watch.sent += 1
 
 
 def active_scope() -> ResolvedScope | None:

@@ -20,7 +20,7 @@ from agentsdk import (
     hint_scope,
     tool,
 )
-from hints_spec import SESSION_HEADER
+from hints_spec import HEADER_NAME, SESSION_HEADER
 
 from sdk_calls import FakeServer, chat_reply
 
@@ -219,3 +219,44 @@ async def test_pydantic_ai_capability_on_a_plain_client() -> None:
         ("tool_end", "lint"),
         ("end", None),
     ]
+
+
+async def test_langchain_handler_on_hinted_clients_and_once_a_warning_on_plain_ones() -> None:
+    pytest.importorskip("langchain_openai")
+    from langchain_openai import ChatOpenAI
+
+    from agentsdk import UnhintedClientWarning
+    from agentsdk.integrations.langchain import HintsCallbackHandler, chat_openai_clients
+
+    server = FakeServer([chat_reply("hello"), chat_reply("plain"), chat_reply("plain again")])
+    hinted = server.client()
+    handler = HintsCallbackHandler(hinted)
+    config: Any = {"metadata": {"thread_id": "thread-7"}, "callbacks": [handler]}
+    llm = ChatOpenAI(model="tiny", **chat_openai_clients(hinted))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (await llm.ainvoke("hi", config)).content == "hello"
+    assert server.hints()[0]["sid"] == "thread-7"
+
+    # The same handler on a model whose clients are plain: the hints are lost, said once.
+    plain = _plain_client(server)
+    sync = openai.OpenAI(
+        base_url="http://model.test/v1",
+        api_key="k",
+        http_client=httpx2.Client(transport=httpx2.MockTransport(server)),
+    )
+    unhinted = ChatOpenAI(
+        model="tiny",
+        root_async_client=plain,
+        async_client=plain.chat.completions,
+        root_client=sync,
+        client=sync.chat.completions,
+    )
+    with pytest.warns(UnhintedClientWarning, match="chat_openai_clients"):
+        await unhinted.ainvoke("hi", config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        await unhinted.ainvoke("hi", config)
+    assert [HEADER_NAME in headers for headers, _ in server.chats] == [True, False, False]
+    await hinted.close()
+    await plain.close()

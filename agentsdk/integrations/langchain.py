@@ -9,7 +9,8 @@ wait on the tools bound to the model), each tool call is reported as ``tool_star
 
 The chat model must use a hinted client: ``ChatOpenAI(model=..., **chat_openai_clients(
 HintedAsyncOpenAI(...)))`` (LangChain replaces a lone ``root_async_client`` with its own
-client, so all four client arguments are given). The handler runs inline
+client, so all four client arguments are given); a model call that goes out without
+hints warns once (``UnhintedClientWarning``). The handler runs inline
 (``run_inline``): LangChain calls it in the task that makes the model request, so the
 ``hint_scope`` it opens in ``on_chat_model_start`` is the request's, and it closes in
 ``on_llm_end`` / ``on_llm_error``. Importing this module imports ``langchain_core``;
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -34,13 +36,18 @@ from hints_spec import ControlEvent, ToolEnd, ToolStart
 from .._client import HintedAsyncOpenAI, HintedOpenAI
 from .._config import DEFAULT_USER_WAIT_PRIOR
 from .._control import ControlChannel
-from .._errors import UserError
+from .._errors import UnhintedClientWarning, UserError
 from .._latency import LatencyEstimator, user_wait
-from .._scope import hint_scope, session_id_for
+from .._scope import SendWatch, hint_scope, session_id_for
 
 __all__ = ["HintsCallbackHandler", "chat_openai_clients"]
 
 _SESSION_KEYS = ("thread_id", "session_id", "conversation_id")
+_UNHINTED = (
+    "HintsCallbackHandler: a chat model call of session {sid!r} went out without hints,"
+    " so the server cannot keep its cache: give the chat model hinted clients,"
+    " ChatOpenAI(..., **chat_openai_clients(HintedAsyncOpenAI(...))) (shown once per handler)"
+)
 
 
 def chat_openai_clients(client: HintedAsyncOpenAI) -> dict[str, Any]:
@@ -91,7 +98,8 @@ class HintsCallbackHandler(BaseCallbackHandler):
             self._sync if self._sync is not None else ControlChannel(client)
         )
         self._sync_posts: ThreadPoolExecutor | None = None  # one worker keeps them in order
-        self._scopes: dict[UUID, hint_scope] = {}
+        self._scopes: dict[UUID, tuple[str, hint_scope, SendWatch]] = {}
+        self._warned = False
         self._tools: dict[UUID, tuple[str, str, float]] = {}  # run -> (sid, tool, started)
         self._roots: dict[UUID, str] = {}  # graph runs -> sid
         # The loop of an async run: tools that run in worker threads post through it.
@@ -118,10 +126,13 @@ class HintsCallbackHandler(BaseCallbackHandler):
         gap = self.estimator.estimate({name: None for name in names if name})
         scope = hint_scope(session=sid, branch=None, gap=round(gap, 3) if gap else None)
         scope.__enter__()
-        self._scopes[run_id] = scope
+        self._scopes[run_id] = (sid, scope, SendWatch().__enter__())
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._close_scope(run_id)
+        closed = self._close_scope(run_id)
+        if closed is not None and not closed[1] and not self._warned:
+            self._warned = True
+            warnings.warn(_UNHINTED.format(sid=closed[0]), UnhintedClientWarning, 2)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._close_scope(run_id)
@@ -180,12 +191,19 @@ class HintsCallbackHandler(BaseCallbackHandler):
         if self._sync_posts is not None:
             await asyncio.get_running_loop().run_in_executor(self._sync_posts, lambda: None)
 
-    def _close_scope(self, run_id: UUID) -> None:
-        scope = self._scopes.pop(run_id, None)
-        if scope is not None:
-            # A scope closed in another context than it was opened in ends with that context.
-            with contextlib.suppress(ValueError):
-                scope.__exit__(None, None, None)
+    def _close_scope(self, run_id: UUID) -> tuple[str, int] | None:
+        """Close the scope of chat model run ``run_id``: (its session, hinted requests
+        sent in it), or None when the run had none."""
+        opened = self._scopes.pop(run_id, None)
+        if opened is None:
+            return None
+        sid, scope, watch = opened
+        # A scope closed in another context than it was opened in ends with that context.
+        with contextlib.suppress(ValueError):
+            watch.__exit__()
+        with contextlib.suppress(ValueError):
+            scope.__exit__(None, None, None)
+        return sid, watch.sent
 
     def _tool_done(self, run_id: UUID) -> None:
         started = self._tools.pop(run_id, None)
