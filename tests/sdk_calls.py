@@ -99,6 +99,23 @@ def chat_reply(content: str | None = None, tool: str | None = None) -> dict[str,
     }
 
 
+def _sse(reply: dict[str, Any]) -> bytes:
+    """``reply`` (a ``chat_reply``) as a chat completion stream: the message in one
+    chunk, then the usage, then ``[DONE]``."""
+    choice = reply["choices"][0]
+    message = choice["message"]
+    delta: dict[str, Any] = {"role": "assistant", "content": message["content"]}
+    if "tool_calls" in message:
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+    head = {k: reply[k] for k in ("id", "created", "model")}
+    chunks = [
+        {**head, "object": "chat.completion.chunk",
+         "choices": [{"index": 0, "delta": delta, "finish_reason": choice["finish_reason"]}]},
+        {**head, "object": "chat.completion.chunk", "choices": [], "usage": reply["usage"]},
+    ]  # fmt: skip
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+
+
 @dataclass
 class FakeServer:
     """An OpenAI-compatible server in a MockTransport: scripted chats, recorded requests."""
@@ -114,7 +131,12 @@ class FakeServer:
             results = [{"index": i, "outcome": "accepted"} for i in range(len(body["events"]))]
             return httpx2.Response(200, json={"v": 1, "results": results})
         self.chats.append((request.headers, body))
-        return httpx2.Response(200, json=self.replies.pop(0))
+        reply = self.replies.pop(0)
+        if body.get("stream"):
+            return httpx2.Response(
+                200, content=_sse(reply), headers={"content-type": "text/event-stream"}
+            )
+        return httpx2.Response(200, json=reply)
 
     def hints(self) -> list[dict[str, object]]:
         return [parse_header(headers[HEADER_NAME]).normalized() for headers, _ in self.chats]

@@ -17,6 +17,7 @@ from agentsdk import (
     ModelSettings,
     NoSessionWarning,
     Runner,
+    UserError,
     hint_scope,
     tool,
 )
@@ -260,3 +261,57 @@ async def test_langchain_handler_on_hinted_clients_and_once_a_warning_on_plain_o
     assert [HEADER_NAME in headers for headers, _ in server.chats] == [True, False, False]
     await hinted.close()
     await plain.close()
+
+
+def _linter(agents: Any, client: openai.AsyncOpenAI) -> Any:
+    @agents.function_tool
+    def lint() -> str:
+        """Lint the code."""
+        return "no issues"
+
+    return agents.Agent(
+        name="linter",
+        model=agents.OpenAIChatCompletionsModel(model="tiny", openai_client=client),
+        tools=[lint],
+    )
+
+
+async def test_hinted_runner_streams_and_finish_sends_the_last_word() -> None:
+    agents = pytest.importorskip("agents")
+    from agentsdk.integrations.openai_agents import HintedRunner
+
+    agents.set_tracing_disabled(True)
+    server = FakeServer([chat_reply(tool="lint"), chat_reply("clean")])
+    client = server.client()
+    runner = HintedRunner(client)
+    stream = runner.run_streamed(_linter(agents, client), "lint it", conversation_id="conv-5")
+    kinds = {event.type async for event in stream.stream_events()}
+    assert stream.final_output == "clean" and "run_item_stream_event" in kinds
+    assert {h["sid"] for h in server.hints()} == {"conv-5"}
+    await runner.finish(stream)
+    assert [(e["type"], e["tool"]) for e in server.events()] == [
+        ("tool_start", "lint"),
+        ("tool_end", "lint"),
+        ("tool_start", "user"),  # sent by finish: the conversation waits on its user
+    ]
+    with pytest.raises(UserError, match="finish: not a stream"):
+        await runner.finish(stream)  # once
+    await client.close()
+
+
+def test_hinted_runner_run_sync_and_arguments_agents_does_not_take() -> None:
+    agents = pytest.importorskip("agents")
+    from agentsdk.integrations.openai_agents import HintedRunner
+
+    agents.set_tracing_disabled(True)
+    server = FakeServer([chat_reply(tool="lint"), chat_reply("clean")])
+    client = server.client()
+    runner = HintedRunner(client)
+    agent = _linter(agents, client)
+    with pytest.raises(UserError, match=r"unknown argument 'sesion'.*session"):
+        runner.run_sync(agent, "lint it", sesion="conv-1")
+    with pytest.raises(UserError, match="run_streamed: unknown argument 'bogus'"):
+        runner.run_streamed(agent, "lint it", bogus=1)
+    result = runner.run_sync(agent, "lint it", max_turns=4)
+    assert result.final_output == "clean" and server.chats
+    assert server.events()[-1] == {"type": "end"}  # a run of its own: its session ends

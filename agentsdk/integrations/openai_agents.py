@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agents import Agent, ModelSettings, RunConfig, RunContextWrapper, RunHooks, Runner, Tool
@@ -42,6 +43,9 @@ from .._latency import LatencyEstimator, user_wait
 from .._scope import current_hints, hint_scope, session_id_for
 
 __all__ = ["HintedRunner", "HintsRunHooks"]
+
+# The keyword arguments of agents.Runner.run / run_streamed (the same names).
+_RUN_ARGS = frozenset(inspect.signature(Runner.run).parameters) - {"starting_agent", "input"}
 
 
 class HintsRunHooks(RunHooks[Any]):
@@ -126,7 +130,7 @@ class HintedRunner:
 
     async def run(self, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
         """``agents.Runner.run``, hinted; the session's last word is sent before it returns."""
-        sid, kept, hooks, kwargs = self._prepare(kwargs)
+        sid, kept, hooks, kwargs = self._prepare("run", kwargs)
         try:
             with hint_scope(session=sid, branch=None):
                 return await Runner.run(starting_agent, input, **kwargs)
@@ -154,7 +158,7 @@ class HintedRunner:
 
         The session's last word is not sent: await ``finish(stream)`` after the stream.
         """
-        sid, kept, hooks, kwargs = self._prepare(kwargs)
+        sid, kept, hooks, kwargs = self._prepare("run_streamed", kwargs)
         with hint_scope(session=sid, branch=None):
             stream = Runner.run_streamed(starting_agent, input, **kwargs)
         self._streams[id(stream)] = (sid, kept, hooks)
@@ -162,12 +166,26 @@ class HintedRunner:
 
     async def finish(self, stream: RunResultStreaming) -> None:
         """Send a streamed run's last word (``end`` or the wait on the user)."""
-        sid, kept, hooks = self._streams.pop(id(stream))
+        started = self._streams.pop(id(stream), None)
+        if started is None:
+            raise UserError(
+                "HintedRunner.finish: not a stream this runner's run_streamed started,"
+                " or one finished already"
+            )
+        sid, kept, hooks = started
         hooks._channel.submit(sid, [self._last_word(kept)])
         await hooks.flush()
 
-    def _prepare(self, kwargs: dict[str, Any]) -> tuple[str, bool, HintsRunHooks, dict[str, Any]]:
+    def _prepare(
+        self, where: str, kwargs: dict[str, Any]
+    ) -> tuple[str, bool, HintsRunHooks, dict[str, Any]]:
         """The run's session id, whether the session is kept, and its arguments, hinted."""
+        unknown = sorted(set(kwargs) - _RUN_ARGS)
+        if unknown:
+            raise UserError(
+                f"HintedRunner.{where}: unknown argument {unknown[0]!r}"
+                f" (agents.Runner.{where} takes {', '.join(sorted(_RUN_ARGS))})"
+            )
         session, conversation = kwargs.get("session"), kwargs.get("conversation_id")
         own = conversation or (getattr(session, "session_id", None) if session else None)
         sid = session_id_for(str(own)) if own else f"run-{uuid.uuid4().hex}"
@@ -184,8 +202,14 @@ class HintedRunner:
         return user_wait(self.estimator, DEFAULT_USER_WAIT_PRIOR)
 
 
-def _with_headers(run_config: RunConfig | None, sid: str) -> RunConfig:
-    """``run_config`` whose model settings send the session as headers (plain clients)."""
+def _with_headers(run_config: RunConfig | Mapping[str, Any] | None, sid: str) -> RunConfig:
+    """``run_config`` (a ``RunConfig`` or its fields, as agents takes it) whose model
+    settings send the session as headers (plain clients)."""
+    if isinstance(run_config, Mapping):
+        try:
+            run_config = RunConfig(**run_config)
+        except TypeError as e:
+            raise UserError(f"HintedRunner: run_config: {e}") from e
     config = run_config if run_config is not None else RunConfig()
     settings = config.model_settings or ModelSettings()
     headers = {**hint_headers(AgentHints(sid=sid)), **(settings.extra_headers or {})}
