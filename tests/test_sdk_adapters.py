@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from openai import AsyncOpenAI
 
 from agentsdk import HintedAsyncOpenAI
 from hints_spec import CONTROL_PATH, HEADER_NAME, parse_header
@@ -47,11 +48,10 @@ class Traffic:
             details = response.json()["usage"].get("prompt_tokens_details") or {}
             self.chats.append((hints, details.get("cached_tokens") or 0))
 
-    def client(self, server: LocalServer) -> HintedAsyncOpenAI:
+    def client(self, server: LocalServer, hinted: bool = True) -> AsyncOpenAI:
         http = httpx2.AsyncClient(event_hooks={"response": [self._watch]}, timeout=120)
-        return HintedAsyncOpenAI(
-            base_url=server.base_url, api_key="unused", max_retries=0, http_client=http
-        )
+        kind = HintedAsyncOpenAI if hinted else AsyncOpenAI
+        return kind(base_url=server.base_url, api_key="unused", max_retries=0, http_client=http)
 
     def events(self) -> list[dict[str, Any]]:
         return [event for _, events, _ in self.control for event in events]
@@ -76,13 +76,17 @@ def _assert_seen(
     assert accepted >= len(events)
 
 
-async def test_openai_agents_with_its_own_session(vllm_server: LocalServer) -> None:
+@pytest.mark.parametrize("hinted", [True, False], ids=["hinted-client", "plain-client"])
+async def test_openai_agents_with_its_own_session(vllm_server: LocalServer, hinted: bool) -> None:
+    """Two runs of one SQLiteSession: the second's first call is served from the cache
+    the first left (the session kept between the user's turns). With a plain client
+    the runner sends the session as request headers."""
     agents = pytest.importorskip("agents")
     from agentsdk.integrations.openai_agents import HintedRunner
 
     agents.set_tracing_disabled(True)
     traffic = Traffic()
-    client = traffic.client(vllm_server)
+    client = traffic.client(vllm_server, hinted)
 
     @agents.function_tool
     def list_dir() -> str:
@@ -99,11 +103,15 @@ async def test_openai_agents_with_its_own_session(vllm_server: LocalServer) -> N
     )
     Runner = HintedRunner(client)  # the one line
     before = vllm_server.metrics()
-    session = agents.SQLiteSession("conv-9")
+    sid = f"conv-9-{'hinted' if hinted else 'plain'}"
+    session = agents.SQLiteSession(sid)
     result = await Runner.run(agent, "What is in the project?", session=session)
-    await client.close()
     assert result.final_output is not None
-    _assert_seen(traffic, vllm_server, before, "conv-9", "list_dir")
+    first_run = len(traffic.chats)
+    again = await Runner.run(agent, "And the tests?", session=session)  # the user's next turn
+    await client.close()
+    assert again.final_output is not None and len(traffic.chats) > first_run
+    _assert_seen(traffic, vllm_server, before, sid, "list_dir")
     assert traffic.events()[-1]["tool"] == "user"  # the session is kept: waiting on its user
 
 
@@ -142,8 +150,13 @@ async def test_pydantic_ai_with_its_conversation_id(vllm_server: LocalServer) ->
 
     before = vllm_server.metrics()
     result = await agent.run("What is in the project?", conversation_id="ticket-123")
-    await client.close()
     assert result.output is not None
+    first_run = len(traffic.chats)
+    again = await agent.run(  # the user's next turn in the conversation
+        "And the tests?", conversation_id="ticket-123", message_history=result.all_messages()
+    )
+    await client.close()
+    assert again.output is not None and len(traffic.chats) > first_run
     _assert_seen(traffic, vllm_server, before, "ticket-123", "list_dir")
     first_gap = traffic.chats[0][0]["gap"]
     assert isinstance(first_gap, float) and first_gap > 0  # the expected wait on list_dir
@@ -193,8 +206,12 @@ async def test_langgraph_with_its_thread_id(vllm_server: LocalServer) -> None:
     before = vllm_server.metrics()
     messages = [("system", INSTRUCTIONS), ("user", "What is in the project?")]
     state = await graph.ainvoke({"messages": messages}, config)
+    assert isinstance(state["messages"][-1], AIMessage)
+    first_run = len(traffic.chats)
+    # The user's next turn on the thread (the checkpointer keeps its messages).
+    state = await graph.ainvoke({"messages": [("user", "And the tests?")]}, config)
     await handler.flush()
     await client.close()
-    assert isinstance(state["messages"][-1], AIMessage)
+    assert isinstance(state["messages"][-1], AIMessage) and len(traffic.chats) > first_run
     _assert_seen(traffic, vllm_server, before, "thread-7", "list_dir")
     assert traffic.events()[-1]["tool"] == "user"  # the thread now waits on its user
