@@ -9,6 +9,7 @@ With Mooncake, the master is then killed: every request is still served.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Iterator, Mapping
@@ -101,9 +102,10 @@ def evict(server: LocalServer, seed: int) -> None:
 def check_returns_from_tier(server: LocalServer, sid: str, seed: int) -> None:
     session = tokens(seed, SESSION)
     hints = f'v=1, sid="{sid}", gap=30'
+    moved = metric(server, "agent_hints_tier_bytes_moved_total")
     cold = complete(server, session, hints)
     assert cold.cached == 0
-    assert wait_metric(server, "agent_hints_tier_bytes_moved_total", 1) > 0
+    assert wait_metric(server, "agent_hints_tier_bytes_moved_total", moved + 1) > moved
     device = complete(server, session, hints)  # device prefix cache: the reference
     assert device.cached == SESSION - 64
 
@@ -146,6 +148,19 @@ def test_unhinted_requests_stay_out_of_the_tier(host_server: LocalServer) -> Non
     assert metric(host_server, "agent_hints_tier_bytes_moved_total") == before
 
 
+def wait_for_the_store(server: LocalServer, timeout: float = 120.0) -> None:
+    """Until a hinted request's blocks reach the tier: the engine connects to the
+    store while it starts, which on a loaded machine can outlast the start-up
+    (saves before the connection are skipped, as they should be)."""
+    deadline = time.monotonic() + timeout
+    for i in itertools.count():
+        complete(server, tokens(900 + i, 192), 'v=1, sid="probe", gap=1')
+        if wait_metric(server, "agent_hints_tier_bytes_moved_total", 1, timeout=2.0) > 0:
+            end(server, "probe")
+            return
+        assert time.monotonic() < deadline, "the engine never connected to the store"
+
+
 @pytest.fixture
 def mooncake() -> Iterator[MooncakeMaster]:
     try:
@@ -161,6 +176,7 @@ def test_mooncake_tier_loads_and_a_dead_master_never_fails_a_request(
 ) -> None:
     tier = {"tier": "mooncake", "mooncake_master": mooncake.address, "tier_timeout_s": 1.0}
     with tier_server(test_model_dir, tmp_path, tier) as server:
+        wait_for_the_store(server)
         check_returns_from_tier(server, "moon", seed=5)
         reference = complete(server, tokens(5, SESSION), 'v=1, sid="moon", gap=30').text
 
@@ -201,9 +217,11 @@ def test_a_second_engine_loads_what_the_first_stored_in_mooncake(
     hints = 'v=1, sid="roaming", gap=30'
     # The first engine stays up: its memory segment holds what it stored.
     with tier_server(test_model_dir, tmp_path, tier) as first:
+        wait_for_the_store(first)
+        stored = metric(first, "agent_hints_tier_bytes_moved_total")
         cold = complete(first, session, hints)
         assert cold.cached == 0
-        wait_metric(first, "agent_hints_tier_bytes_moved_total", 1)
+        wait_metric(first, "agent_hints_tier_bytes_moved_total", stored + 1)
         with tier_server(test_model_dir, tmp_path, tier) as second:
             moved = complete(second, session, hints)
             shared = wait_metric(second, "agent_hints_tier_shared_blocks_total", 1)
