@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
-__all__ = ["EvictionPayoff", "HoldPort", "ShelfPort", "allocate_with_room"]
+__all__ = ["EvictionPayoff", "HoldPort", "ShelfPort", "allocate_after_room"]
 
 _T = TypeVar("_T")
 
@@ -59,19 +59,21 @@ class HoldPort:
         return self._pool.get_num_free_blocks()
 
 
-def allocate_with_room(
+def allocate_after_room(
     allocate: Callable[[], _T | None], make_room: Callable[[], bool]
 ) -> _T | None:
-    """``allocate()``, retried while it fails and ``make_room()`` released held
-    blocks (``HoldPort``), ``MAX_ROOM_CALLS`` times at most: retentions sharing
-    the blocks free them only with the last, so one allocation could otherwise
-    release thousands. What is still short waits a step, as in plain vLLM."""
-    blocks = allocate()
+    """For an allocation that failed: ``allocate()`` again each time
+    ``make_room()`` released held blocks (``HoldPort``), ``MAX_ROOM_CALLS``
+    times at most, since retentions sharing the blocks free them only with the
+    last and one allocation could otherwise release thousands. None: still
+    short, it waits a step, as in plain vLLM."""
     for _ in range(MAX_ROOM_CALLS):
-        if blocks is not None or not make_room():
+        if not make_room():
             break
         blocks = allocate()
-    return blocks
+        if blocks is not None:
+            return blocks
+    return None
 
 
 class EvictionPayoff:

@@ -75,7 +75,7 @@ from vllm.v1.request import RequestStatus
 from ._config import CONNECTOR_NAME, ExtensionConfig
 from ._engine import EngineRetention, control_params, read_control, read_hint_params
 from ._launcher import RESERVED_CPU_ENV
-from ._pool import HoldPort, ShelfPort, allocate_with_room
+from ._pool import HoldPort, ShelfPort, allocate_after_room
 from .policy import RetentionPolicy
 from .tier import (
     BlockCodec,
@@ -616,18 +616,15 @@ class AgentHintsConnector(KVConnectorBase_V1):
         allocate: Callable[..., Any] = kv_cache_manager.allocate_slots
 
         def allocate_slots(request: Request, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
-            def once() -> Any:
-                return allocate(request, num_new_tokens, *args, **kw)
-
-            # Soft retention: before the scheduler preempts or defers anything,
-            # give back held blocks, furthest expected return first.
-            needed = -(-num_new_tokens // block_size)
-            if held:
-                blocks = allocate_with_room(
-                    once, lambda: retention.make_room(needed, request.request_id)
+            blocks = allocate(request, num_new_tokens, *args, **kw)
+            if blocks is None and held:
+                # Soft retention: before the scheduler preempts or defers anything,
+                # give back held blocks, furthest expected return first.
+                needed = -(-num_new_tokens // block_size)
+                blocks = allocate_after_room(
+                    lambda: allocate(request, num_new_tokens, *args, **kw),
+                    lambda: retention.make_room(needed, request.request_id),
                 )
-            else:
-                blocks = once()
             if blocks is None and guard is not None:
                 guard.short(request)
             return blocks

@@ -14,7 +14,7 @@ import pytest
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock, make_block_hash_with_group_id
 
-from server_ext._pool import EvictionPayoff, HoldPort, ShelfPort, allocate_with_room
+from server_ext._pool import EvictionPayoff, HoldPort, ShelfPort, allocate_after_room
 from server_ext.policy import MAX_ROOM_CALLS, Payoff
 
 N = 12  # block 0 is vLLM's null block: 11 usable
@@ -182,11 +182,10 @@ def test_held_references_are_given_back_a_bounded_number_of_times_per_allocation
         calls.append("room")
         return True  # released retentions whose blocks others still hold
 
-    assert allocate_with_room(allocate, make_room) is None
-    assert calls.count("room") == MAX_ROOM_CALLS
-    assert calls.count("allocate") == MAX_ROOM_CALLS + 1
-    assert allocate_with_room(lambda: "blocks", make_room) == "blocks"
-    assert calls.count("room") == MAX_ROOM_CALLS  # a served allocation asks nothing
+    assert allocate_after_room(allocate, make_room) is None
+    assert calls.count("room") == calls.count("allocate") == MAX_ROOM_CALLS
+    assert allocate_after_room(lambda: "blocks", make_room) == "blocks"
+    assert calls.count("room") == MAX_ROOM_CALLS + 1  # served after the first room made
 
 
 def test_a_hit_on_a_shelved_block_takes_it_and_its_release_after_the_request() -> None:
