@@ -35,6 +35,7 @@ _HINT_PREFIX = "agent_hints_"
 _BASELINES = ("plain", "unlimited")
 _TIER_MOVED = "agent_hints_tier_bytes_moved_total"
 _PREFETCH = "agent_hints_prefetch_total"
+_ORDER_ENFORCED = "agent_hints_order_enforced"
 _LABELLED = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)\{\w+="([^"]*)"\}')
 _MIN_GAP_S = 0.01
 """Gaps are floored here before their log ratio: 0 s and 5 ms are both "at once"."""
@@ -246,6 +247,7 @@ def summarize(run: ConfigRun) -> dict[str, Any]:
         for s in run.samples
         if "vllm:kv_cache_usage_perc" in s.values
     ]
+    enforced = [s.values[_ORDER_ENFORCED] for s in run.samples if _ORDER_ENFORCED in s.values]
     summary: dict[str, Any] = {
         "config": run.name,
         "kv_blocks": run.kv_blocks,
@@ -282,6 +284,8 @@ def summarize(run: ConfigRun) -> dict[str, Any]:
         summary["agent_hints"] = hints
         summary["held_blocks_mean"] = statistics.fmean(held) if held else None
         summary["held_blocks_max"] = max(held) if held else None
+        # Share of the run's samples in which retention's order was in force.
+        summary["order_enforced_share"] = statistics.fmean(enforced) if enforced else None
     return summary
 
 
@@ -343,6 +347,9 @@ def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
             retention += f" warmed {warmed:.0f} (paid {hints.get('warmups_returned', 0):.0f})"
         if s["warmup_preemptions"]:
             retention += f" warm-ups preempted {s['warmup_preemptions']:.0f}"
+        if hints and (share := s.get("order_enforced_share")) is not None:
+            gained, cost = hints.get("order_gained_blocks", 0), hints.get("order_cost_blocks", 0)
+            retention += f" order in force {100 * share:.0f}% (+{gained:.0f}/-{cost:.0f} blocks)"
         lines.append(
             f"{s['config']:<24}{s['requests']:>5}{s['failed']:>5}"
             f"{_fmt(None if reuse is None else 100 * reuse, '.1f'):>8}"

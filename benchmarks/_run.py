@@ -33,6 +33,7 @@ SAMPLED = (
     "agent_hints_held_blocks",
     "agent_hints_retained_branches",
     "agent_hints_prefill_seconds_per_token",
+    "agent_hints_order_enforced",
     "vllm:kv_cache_usage_perc",
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",

@@ -27,6 +27,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=RETENTION_MODES,
         help="by eviction order (default: blocks stay in vLLM's free queue) or by held references",
     )
+    serve.add_argument(
+        "--order-trial",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="retention by eviction order applies only while its books show it pays, plain "
+        "LRU otherwise (default: on; --no-order-trial: it always applies)",
+    )
     serve.add_argument("--tenant-header", help="tenant header set by a trusted gateway")
     serve.add_argument(
         "--tenant-header-peers",
@@ -119,7 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("retention", "tenant_header", "tenant_header_peers", "gateway_secret_header"):
         if getattr(args, name):
             extra[name] = getattr(args, name)
-    for flag in ("salt_per_tenant", "prefetch", "state_metrics", "admission_trial"):
+    for flag in (
+        "salt_per_tenant",
+        "prefetch",
+        "state_metrics",
+        "admission_trial",
+        "order_trial",
+    ):
         if getattr(args, flag) is not None:
             extra[flag] = getattr(args, flag)
     command = vllm_command(args.model, rest, extra_config=extra)

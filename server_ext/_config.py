@@ -53,6 +53,10 @@ class ExtensionConfig:
     Args:
         retention: ``RETENTION_MODES``: by eviction order (the default) or by
             held references.
+        order_trial: Retention by eviction order keeps the books of what its
+            order gains and costs against plain LRU, and applies it only
+            while it pays (plain LRU until then). False: it always applies
+            (clients known to gain from it).
         max_held_fraction: Cap on blocks held for idle sessions, fraction of the pool.
         max_tenant_fraction: Cap per tenant, fraction of the global cap.
         ttl_cap_s: No retention outlives this, whatever a client asks.
@@ -103,6 +107,7 @@ class ExtensionConfig:
     """
 
     retention: str = "order"
+    order_trial: bool = True
     max_held_fraction: float = 0.5
     max_tenant_fraction: float = 0.5
     ttl_cap_s: float = 600.0
@@ -149,6 +154,11 @@ class ExtensionConfig:
             raise ExtensionConfigError(str(e)) from e
         config.trusted_peers()  # an unparsable list fails at start-up, not per request
         return config
+
+    @property
+    def order_enforce(self) -> bool | None:
+        """``ShelfPort``'s ``enforce``: None lets its books decide."""
+        return None if self.order_trial else True
 
     def trusted_peers(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
         """The networks whose ``tenant_header`` is trusted (``tenant_header_peers``)."""

@@ -27,7 +27,6 @@ from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 from hints_spec import BODY_FIELD, AgentHints, HintError, parse_body, to_vllm_fields
 
 from .policy import (
-    MIN_BUDGET_SCALE,
     ROOT,
     Action,
     AdmissionTrial,
@@ -38,7 +37,6 @@ from .policy import (
     ForkEvent,
     Hold,
     Outcome,
-    Payoff,
     PolicyStats,
     Release,
     ReleaseReason,
@@ -175,14 +173,8 @@ class BlockPort(Protocol):
     ``evict_first`` (an ended branch) its blocks are the first a later
     allocation evicts, else they keep their place in LRU order;
     ``free_blocks`` counts blocks an allocation may take without touching a
-    held or running one (cached but unreferenced blocks included). ``payoff``
-    (None if the port cannot tell) is what holding gained and cost against
-    plain LRU eviction, in blocks: while it does not pay, the retention
-    shrinks its budgets to ``MIN_BUDGET_SCALE``.
+    held or running one (cached but unreferenced blocks included).
     """
-
-    @property
-    def payoff(self) -> Payoff | None: ...
 
     def hold(self, block_ids: Sequence[int]) -> None: ...
 
@@ -503,11 +495,6 @@ class EngineRetention:
             self._gate.step(now, scheduled)
             self._record_first_tokens(now, scheduled)
         self._apply(self.policy.expire())
-        payoff = self._pool.payoff
-        if payoff is not None:
-            scale = 1.0 if payoff.pays else MIN_BUDGET_SCALE
-            if scale != self.policy.budget_scale:
-                self._apply(self.policy.scale_budget(scale))
 
     def _record_first_tokens(self, now: float, scheduled: Mapping[str, int]) -> None:
         """Real requests whose prefill this step completes: how long each

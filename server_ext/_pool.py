@@ -13,9 +13,10 @@ the engine-side retention (``_engine.EngineRetention``) drives it through the
   aside instead of evicting it. vLLM counts them as free, so no allocation,
   admission or preemption decision differs from plain vLLM's; only which free
   block an allocation evicts does. When nothing unprotected is left, the
-  allocation asks the retention to give blocks up (its victim order). It also
-  keeps the books of what this order gained and cost against plain LRU
-  (``EvictionPayoff``).
+  allocation asks the retention to give blocks up (its victim order). It
+  keeps the books of what this order gains and costs against plain LRU
+  (``EvictionPayoff``) and applies it only while it pays: until then, and
+  whenever it stops paying, eviction is plain LRU's.
 - ``HoldPort`` takes a block reference per retained block (the pool never
   evicts it); the connector must then give references back before vLLM would
   preempt (``KVCacheManager.allocate_slots`` wrapped).
@@ -24,6 +25,7 @@ the engine-side retention (``_engine.EngineRetention``) drives it through the
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,8 +43,6 @@ _T = TypeVar("_T")
 
 class HoldPort:
     """``BlockPort`` over vLLM's ``BlockPool``: hold = touch, release = free."""
-
-    payoff: Payoff | None = None  # a held block's worth is not measured
 
     def __init__(self, pool: BlockPool) -> None:
         self._pool = pool
@@ -76,89 +76,161 @@ def allocate_after_room(
     return None
 
 
+ORDER_MARGIN = 4.0
+"""Blocks of net gain, recent hits counted, that the books must show for the
+retention's order before it replaces plain LRU (it starts following LRU)."""
+
+DOOM_WALK = 64
+"""Queue blocks looked at, past those wanted, to find the blocks the
+retention's order would have evicted in place of protected ones."""
+
+
 class EvictionPayoff:
-    """What eviction by the retention's order gained and cost against plain LRU.
+    """The books of the retention's eviction order against plain LRU, and the
+    choice of which of the two is in force (``enforcing``).
 
-    A shadow of plain vLLM's order: each block that becomes free gets a stamp
-    (its place in LRU order). When an allocation evicts a queue block while an
-    older shelved block survives, plain LRU would have evicted the older one:
-    that block is *saved* (LRU would have lost it) and the evicted one a
-    *ghost* (LRU would still have it). A hit on a saved block is a gain; a
-    request that misses on ghosts is a cost, one per ghost block its prefix
-    needed. When plain LRU would evict a ghost (the oldest ghost is older than
-    the block evicted now), both orders have lost it and it is dropped.
+    They follow, besides the real cache, the one the order not in force would
+    have now, as marks on the difference:
 
-    Invariants: ``saved`` holds block ids, ``ghosts`` block hashes (oldest
-    first), at most ``capacity`` each; ``payoff`` gains and costs are blocks.
+    - while the retention's order is in force, plain LRU is the shadow: each
+      block that becomes free gets a stamp (its place in LRU order); when an
+      allocation evicts a block while an older free one survives, LRU would
+      have evicted that one: it is *saved* (a hit on it is a gain) and the
+      evicted one a *ghost* (a miss on it is a cost). When LRU would evict a
+      ghost (the oldest ghost is older than the block evicted now), both have
+      lost it and it is dropped;
+    - while plain LRU is in force, the retention's order is the shadow: each
+      protected block LRU evicts is a *phantom* (the order would still have
+      it: a miss on it is a gain), and the next unprotected block in LRU order
+      is *doomed* in its place (the order would have evicted it: a hit on it
+      is a cost). A phantom lasts as long as the protection LRU overrode
+      would have (``unprotected``).
+
+    The gains and costs go into one ``Payoff``: what the order is worth
+    against LRU, whichever is in force. LRU is in force at first; the order
+    takes over once its net gain reaches ``ORDER_MARGIN`` blocks, and gives
+    way again as soon as its recent costs exceed its recent gains. ``fixed``
+    (True or False) keeps one of them in force whatever the books say.
+
+    Invariants: ``saved`` and ``doomed`` hold block ids of free cached blocks,
+    ``ghosts`` and ``phantoms`` block hashes (oldest first), at most
+    ``capacity`` each; ``payoff`` gains and costs are blocks.
     """
 
-    def __init__(self, capacity: int, payoff: Payoff | None = None) -> None:
+    def __init__(
+        self, capacity: int, payoff: Payoff | None = None, fixed: bool | None = None
+    ) -> None:
         self.capacity = max(capacity, 1)
-        self.payoff = payoff or Payoff()
-        self._clock = 0
+        self.payoff = payoff or Payoff(prior=0.0)
+        self.enforcing = bool(fixed)
+        self._fixed = fixed
+        self._clock = 0  # blocks freed
         self._stamps: dict[int, int] = {}
-        self._shelf: list[tuple[int, int]] = []  # (stamp, block id), lazily pruned
+        self._free: list[tuple[int, int]] = []  # (stamp, block id), lazily pruned
         self.saved: set[int] = set()
-        self.ghosts: OrderedDict[bytes, int] = OrderedDict()
+        self.ghosts: OrderedDict[bytes, int] = OrderedDict()  # hash -> stamp
+        self.doomed: set[int] = set()
+        self.phantoms: OrderedDict[bytes, int] = OrderedDict()  # hash -> block id
+        self._phantom_of: dict[int, bytes] = {}
 
     def freed(self, block_id: int) -> None:
         """``block_id`` (with a hash) joined the free blocks: the youngest."""
         self._clock += 1
         self._stamps[block_id] = self._clock
+        heapq.heappush(self._free, (self._clock, block_id))
+        if len(self._free) > 2 * len(self._stamps) + 64:  # stale entries of hit blocks
+            self._free = [(s, i) for i, s in self._stamps.items() if i not in self.saved]
+            heapq.heapify(self._free)
 
     def stamp(self, block_id: int) -> int:
         """``block_id``'s place in LRU order (larger: freed later; 0: unknown)."""
         return self._stamps.get(block_id, 0)
 
-    def shelved(self, block_id: int) -> None:
-        stamp = self._stamps.get(block_id)
-        if stamp is not None:
-            heapq.heappush(self._shelf, (stamp, block_id))
-
-    def evicted(self, block_id: int, block_hash: bytes, on_shelf: Callable[[int], bool]) -> None:
-        """An allocation evicts ``block_id`` (cached as ``block_hash``) from the
-        queue; ``on_shelf`` says whether a block is shelved now."""
+    def evicted(self, block_id: int, block_hash: bytes, protected: bool = False) -> None:
+        """An allocation evicts ``block_id`` (cached as ``block_hash``; under
+        the retention's protection if ``protected``)."""
         stamp = self._stamps.pop(block_id, None)
+        was_saved = block_id in self.saved
         self.saved.discard(block_id)
+        self.doomed.discard(block_id)
         if stamp is None:
             return
-        shelf = self._shelf
-        while shelf and (not on_shelf(shelf[0][1]) or self._stamps.get(shelf[0][1]) != shelf[0][0]):
-            heapq.heappop(shelf)
-        oldest_ghost = next(iter(self.ghosts.values()), None)
-        if shelf and shelf[0][0] < stamp and (oldest_ghost is None or shelf[0][0] < oldest_ghost):
-            _, kept = heapq.heappop(shelf)
-            self.saved.add(kept)
-            self._remember(block_hash, stamp)
-        elif oldest_ghost is not None and oldest_ghost < stamp:
+        if protected and not self.enforcing:
+            self.phantoms[block_hash] = block_id
+            self.phantoms.move_to_end(block_hash)
+            self._phantom_of[block_id] = block_hash
+            if len(self.phantoms) > self.capacity:
+                _, oldest = self.phantoms.popitem(last=False)
+                self._phantom_of.pop(oldest, None)
+        # Which block LRU evicts now: its oldest, of the free blocks it still
+        # has (this one unless saved: LRU lost it already) and its ghosts.
+        free = self._free
+        while free and (self._stamps.get(free[0][1]) != free[0][0] or free[0][1] in self.saved):
+            heapq.heappop(free)
+        own = math.inf if was_saved else stamp
+        oldest_free = free[0][0] if free else math.inf
+        oldest_ghost = next(iter(self.ghosts.values()), math.inf)
+        victim = min(own, oldest_free, oldest_ghost)
+        if victim in (own, math.inf):
+            return  # LRU evicts the same block (or had already lost it)
+        if victim == oldest_free:
+            self.saved.add(heapq.heappop(free)[1])
+            if len(self.saved) > self.capacity:  # a saved block never seen again
+                self.saved.pop()
+        else:
             self.ghosts.popitem(last=False)
-            self._remember(block_hash, stamp)
+        if not was_saved:
+            self.ghosts[block_hash] = stamp
+            if len(self.ghosts) > self.capacity:
+                self.ghosts.popitem(last=False)
+
+    def unprotected(self, block_id: int) -> None:
+        """The protections of ``block_id`` that an allocation overrode have
+        ended: the retention's order would no longer keep its phantom."""
+        block_hash = self._phantom_of.pop(block_id, None)
+        if block_hash is not None and self.phantoms.get(block_hash) == block_id:
+            del self.phantoms[block_hash]
+
+    def doom(self, block_id: int) -> None:
+        """LRU in force: the retention's order would have evicted ``block_id``."""
+        self.doomed.add(block_id)
+        if len(self.doomed) > self.capacity:
+            self.doomed.pop()
 
     def hit(self, block_id: int) -> None:
-        """A request reuses ``block_id``: a gain if plain LRU had lost it."""
+        """A request reuses the free block ``block_id``."""
         self._stamps.pop(block_id, None)
         if block_id in self.saved:
             self.saved.discard(block_id)
-            self.payoff.add(gained=1.0)
+            self._add(gained=1.0)
+        elif block_id in self.doomed:
+            self.doomed.discard(block_id)
+            self._add(cost=1.0)
 
     def missed(self, block_hashes: Iterable[bytes]) -> None:
         """A request computes the blocks ``block_hashes`` (its prefix past the
-        cache, in order): each leading ghost among them is a block plain LRU
-        would have served."""
-        lost = 0
+        cache, in order): each leading ghost among them is a block LRU would
+        have served, each leading phantom one the retention's order would."""
+        gained = lost = 0
         for h in block_hashes:
-            if self.ghosts.pop(h, None) is None:
+            ghost = self.ghosts.pop(h, None) is not None
+            phantom = self.phantoms.pop(h, None) is not None
+            if not (ghost or phantom):
                 break
-            lost += 1
-        if lost:
-            self.payoff.add(cost=float(lost))
+            lost += ghost and not phantom
+            gained += phantom and not ghost
+        if gained or lost:
+            self._add(gained=float(gained), cost=float(lost))
 
-    def _remember(self, block_hash: bytes, stamp: int) -> None:
-        self.ghosts[block_hash] = stamp
-        if len(self.ghosts) > self.capacity:
-            self.ghosts.popitem(last=False)
-        if len(self.saved) > self.capacity:  # a saved block that was never seen again
-            self.saved.pop()
+    def _add(self, gained: float = 0.0, cost: float = 0.0) -> None:
+        payoff = self.payoff
+        payoff.add(gained=gained, cost=cost)
+        if self._fixed is not None:
+            return
+        if self.enforcing:
+            self.enforcing = payoff.pays
+        else:
+            self.enforcing = payoff.gained >= payoff.cost + ORDER_MARGIN
 
 
 class ShelfPort:
@@ -169,8 +241,12 @@ class ShelfPort:
     it set aside, onto the shelf, instead of evicted. The shelf is thus the
     oldest end of LRU order: a shelf block whose protection ends goes before
     anything in the queue, as plain LRU would have it, and each block that
-    leaves the queue for the shelf is what plain LRU would have evicted
-    (``EvictionPayoff`` keeps those books).
+    leaves the queue for the shelf is what plain LRU would have evicted.
+
+    The order applies only while it pays (``EvictionPayoff``, which keeps the
+    books): until then, and whenever it stops paying, allocations evict in
+    plain LRU order, protected blocks included, and the books count what the
+    order would have done instead.
 
     Installs itself on ``pool`` (instance attributes over its methods); the
     retention sets ``on_short``, which ``get_new_blocks`` calls with the
@@ -180,22 +256,26 @@ class ShelfPort:
     oldest first) are free (``ref_cnt == 0``) and not in the free queue;
     ``pool.get_num_free_blocks()`` is the queue's count plus the shelf's; a
     block is protected while ``_protected`` counts it, and a protected shelf
-    block is in ``_kept``; ``_reused`` holds the blocks a request touched (hit)
-    since they were last allocated.
+    block is in ``_kept``; a protected block an allocation takes anyway is
+    no longer protected, and ``_revoked`` counts the releases of it still to
+    come (ignored, so a later protection of the reused block stands);
+    ``_reused`` holds the blocks a request touched (hit) since they were
+    last allocated.
     """
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, enforce: bool | None = None) -> None:
         from vllm.v1.core.kv_cache_utils import get_block_hash
 
         self._pool = pool
         self._queue = pool.free_block_queue
         self._hash_of = get_block_hash
         self._protected: Counter[int] = Counter()
+        self._revoked: Counter[int] = Counter()
         self._kept: dict[int, KVCacheBlock] = {}
         self._loose: OrderedDict[int, KVCacheBlock] = OrderedDict()
         self._reused: set[int] = set()  # touched by a request since allocated
         self.on_short: Callable[[int], bool] = lambda blocks: False
-        self.accounting = EvictionPayoff(pool.num_gpu_blocks)
+        self.accounting = EvictionPayoff(pool.num_gpu_blocks, fixed=enforce)
         self._free = pool.free_blocks
         self._touch = pool.touch
         self._get_new = pool.get_new_blocks
@@ -207,6 +287,11 @@ class ShelfPort:
     @property
     def payoff(self) -> Payoff:
         return self.accounting.payoff
+
+    @property
+    def enforcing(self) -> bool:
+        """Whether the retention's order is in force (else plain LRU's)."""
+        return self.accounting.enforcing
 
     @property
     def shelved(self) -> int:
@@ -225,9 +310,15 @@ class ShelfPort:
     def release(self, block_ids: Sequence[int], evict_first: bool = False) -> None:
         freed: list[KVCacheBlock] = []
         for i in block_ids:
+            if self._revoked[i]:  # taken by an allocation (``_revoke``)
+                self._revoked[i] -= 1
+                if not self._revoked[i]:
+                    del self._revoked[i]
+                    self.accounting.unprotected(i)
+                continue
             count = self._protected.get(i)
             if count is None:
-                continue  # revoked for an allocation (see ``_choose``)
+                continue
             if count > 1:
                 self._protected[i] = count - 1
                 continue
@@ -237,7 +328,7 @@ class ShelfPort:
                 freed.append(block)
         for block in sorted(freed, key=lambda b: self.accounting.stamp(b.block_id)):
             self._loose[block.block_id] = block  # oldest first, as they were freed
-        if not evict_first:
+        if not evict_first or not self.enforcing:
             return
         # Ended: the blocks no retention holds any more and no later request
         # reused go before all others, the chain's tail first. A reused block
@@ -255,6 +346,8 @@ class ShelfPort:
 
     def free_blocks(self) -> int:
         """Blocks an allocation takes before it needs a protected one."""
+        if not self.enforcing:
+            return self._num_free()
         return int(self._queue.num_free_blocks) + len(self._loose)
 
     def flush(self) -> None:
@@ -289,21 +382,30 @@ class ShelfPort:
     def _on_get_new(self, num_blocks: int) -> list[KVCacheBlock]:
         chosen = self._choose(num_blocks)
         for block in chosen:
+            protected = self._revoke(block.block_id)
             if block.block_hash is not None:
-                self.accounting.evicted(
-                    block.block_id, self._hash_of(block.block_hash), self._kept.__contains__
-                )
+                self.accounting.evicted(block.block_id, self._hash_of(block.block_hash), protected)
         self._queue.prepend_n(chosen)
         fresh = self._get_new(num_blocks)
         self._reused.difference_update(b.block_id for b in fresh)
         return fresh
 
+    def _revoke(self, block_id: int) -> bool:
+        """An allocation takes ``block_id``: its protections end (their
+        releases are still to come). Whether it was protected."""
+        count = self._protected.pop(block_id, 0)
+        if count:
+            self._revoked[block_id] += count
+        return count > 0
+
     def _choose(self, n: int) -> list[KVCacheBlock]:
         """Take off the queue and the shelf the blocks an allocation of ``n``
         evicts, but for the queue's leading uncached blocks (they stay first
         in line): the shelf's loose blocks (the oldest), then the queue's in
-        LRU order, setting protected ones aside, then, for what is still
-        missing, blocks the retention gives up."""
+        LRU order. With the retention's order in force, protected ones are set
+        aside, and what is still missing comes from blocks the retention
+        gives up; with LRU's, the shelf's protected blocks go with the loose
+        ones, the queue's in their turn."""
         queue = self._queue
         block = queue.fake_free_list_head.next_free_block
         tail = queue.fake_free_list_tail
@@ -311,15 +413,21 @@ class ShelfPort:
             n -= 1
             block = block.next_free_block
         chosen = self._take_loose(n)
+        enforcing = self.enforcing
+        if not enforcing:
+            while len(chosen) < n and self._kept:
+                chosen.append(self._kept.pop(next(iter(self._kept))))
         while len(chosen) < n and block is not tail and block is not None:
             following = block.next_free_block
             queue.remove(block)
-            if block.block_id in self._protected:
+            if enforcing and block.block_id in self._protected:
                 self._kept[block.block_id] = block
-                self.accounting.shelved(block.block_id)
             else:
                 chosen.append(block)
             block = following
+        if not enforcing:
+            self._doom(block, sum(b.block_id in self._protected for b in chosen))
+            return chosen
         for _ in range(MAX_ROOM_CALLS):
             if len(chosen) >= n or not self._kept or not self.on_short(n - len(chosen)):
                 break
@@ -328,11 +436,22 @@ class ShelfPort:
         # branches per call, and blocks many of them share) is taken anyway,
         # the oldest protected blocks first: the pool never fails for it.
         while len(chosen) < n and self._kept:
-            i, block = next(iter(self._kept.items()))
-            del self._kept[i]
-            self._protected.pop(i, None)
-            chosen.append(block)
+            chosen.append(self._kept.pop(next(iter(self._kept))))
         return chosen
+
+    def _doom(self, block: KVCacheBlock | None, count: int) -> None:
+        """LRU in force took ``count`` protected blocks: the retention's order
+        would have taken as many unprotected ones from ``block`` on instead."""
+        tail = self._queue.fake_free_list_tail
+        doomed = self.accounting.doomed
+        for _ in range(count + DOOM_WALK if count else 0):
+            if count == 0 or block is None or block is tail:
+                return
+            i = block.block_id
+            if block.block_hash is not None and i not in self._protected and i not in doomed:
+                self.accounting.doom(i)
+                count -= 1
+            block = block.next_free_block
 
     def _take_loose(self, n: int) -> list[KVCacheBlock]:
         """Up to ``n`` loose shelf blocks, oldest first, off the shelf."""

@@ -201,8 +201,8 @@ _GAUGES = {
     "tier_bytes": "Bytes of KV blocks in the tier (as the scheduler accounts them)",
     "prefill_seconds_per_token": "Engine seconds per scheduled token, timed on its steps "
     "(scales warm-first admission's window; 0 until timed)",
-    "budget_scale": "Share of the retention budgets in force (1 while retention pays, "
-    "less while its eviction order costs more hits than it saves)",
+    "order_enforced": "1 while retention's eviction order is in force, 0 while eviction "
+    "follows plain LRU (until the order's books show it pays, and while it costs)",
     "admission_gated_share": "Share of arrivals on which warm-first admission may hold "
     "prefills back, as its online trial decides (0.5 while it learns)",
     "admission_gated_wait_s": "Recent mean wait for the first token of requests on the "
@@ -263,10 +263,10 @@ _COUNTERS = {
     "returns_within_2x": "Predicted returns whose actual gap was within 2x of the prediction",
     "warmups_returned": "Warmed retentions whose branch came back while they were held",
     "warmups_wasted": "Warmed retentions released before their branch came back",
-    "order_gained_blocks": "Prefix-cache hits on blocks plain LRU would have evicted "
-    "(retention by eviction order)",
-    "order_cost_blocks": "Blocks recomputed that plain LRU would have kept "
-    "(retention by eviction order)",
+    "order_gained_blocks": "Blocks retention's eviction order served (or would have, while "
+    "LRU is in force) that plain LRU lost",
+    "order_cost_blocks": "Blocks plain LRU served (or would have, while the order is in "
+    "force) that retention's eviction order lost",
     "tier_hits": "KV blocks planned to load from the tier instead of recomputed "
     "(those that failed count in tier_load_failures too)",
     "tier_misses": "KV blocks past the device cache that the tier did not hold",
@@ -582,7 +582,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         if by_order and not self._one_hashed_group():
             logger.warning("agent-hints: several KV cache groups; retention holds references")
             by_order = False
-        port = ShelfPort(pool) if by_order else HoldPort(pool)
+        port = ShelfPort(pool, self._config.order_enforce) if by_order else HoldPort(pool)
         retention = EngineRetention(
             policy,
             port,
@@ -790,13 +790,13 @@ class AgentHintsConnector(KVConnectorBase_V1):
             now["warmup_preemptions"] = self._preemptions[True]
             if (seconds := self._retention.prefill_seconds_per_token) is not None:
                 now["prefill_seconds_per_token"] = seconds
-            now["budget_scale"] = self._retention.policy.budget_scale
             if (trial := self._retention.trial) is not None:
                 now["admission_gated_share"] = trial.gated_share
                 for side, name in ((True, "gated"), (False, "open")):
                     if (wait := trial.mean_wait_s(side)) is not None:
                         now[f"admission_{name}_wait_s"] = wait
         if self._shelf is not None:
+            now["order_enforced"] = float(self._shelf.enforcing)
             now["order_gained_blocks"] = self._shelf.payoff.total_gained
             now["order_cost_blocks"] = self._shelf.payoff.total_cost
         if self._planner is not None:

@@ -34,10 +34,31 @@ def ext_server(
         kv_blocks=BLOCKS,
         max_model_len=2048,
         # Let retention fill the whole pool, so the pressure path is exercised;
-        # warm-first admission on (off by default), so its step timer runs.
-        extra_config={"max_held_fraction": 1.0, "max_tenant_fraction": 1.0, "max_defer_s": 10},
+        # its eviction order in force from the start (by default it follows
+        # LRU until its books show it pays: default_server); warm-first
+        # admission on (off by default), so its step timer runs.
+        extra_config={
+            "max_held_fraction": 1.0,
+            "max_tenant_fraction": 1.0,
+            "order_trial": False,
+            "max_defer_s": 10,
+        },
         env={"VLLM_SERVER_DEV_MODE": "1"},
         log_dir=tmp_path_factory.mktemp("ext-logs"),
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def default_server(
+    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
+    """The extension at its defaults, with the same KV."""
+    with local_server(
+        test_model_dir,
+        kv_blocks=BLOCKS,
+        max_model_len=2048,
+        log_dir=tmp_path_factory.mktemp("defaults-logs"),
     ) as server:
         yield server
 
@@ -112,6 +133,29 @@ def test_prefix_survives_flood_only_with_extension(
     end_session(ext_server, "flood")
     assert results["extension"] >= PROMPT - 64, results
     assert results["plain"] < PROMPT // 2, results
+
+
+def test_at_its_defaults_the_order_takes_over_from_lru_once_it_would_have_paid(
+    default_server: LocalServer,
+) -> None:
+    """Until the engine's own traffic shows that the order pays, eviction is
+    plain LRU's: the flood evicts the retained session as in plain vLLM. Its
+    return misses blocks the order would have kept: then the order is in
+    force, and the next session's retained prefix outlives the same flood."""
+    server = default_server
+    assert wait_metric(server, "agent_hints_order_enforced", 0) == 0
+    assert complete(server, tokens(1), 'v=1, sid="first", gap=30') == 0
+    flood(server, seed=2)
+    assert complete(server, tokens(1) + tokens(3, 64), 'v=1, sid="first", gap=30') < PROMPT // 2
+    end_session(server, "first")
+    assert wait_metric(server, "agent_hints_order_enforced", 1) == 1
+    assert metric(server, "agent_hints_order_gained_blocks_total") >= PROMPT // 64 // 2
+    assert complete(server, tokens(4), 'v=1, sid="second", gap=30') == 0
+    flood(server, seed=5)
+    # The default budgets let one tenant hold a quarter of the pool: 12 blocks.
+    kept = complete(server, tokens(4) + tokens(6, 64), 'v=1, sid="second", gap=30')
+    assert kept >= BLOCKS // 4 * 64
+    end_session(server, "second")
 
 
 def test_end_releases_and_nothing_leaks(ext_server: LocalServer) -> None:

@@ -53,7 +53,7 @@ def _cached(pool: BlockPool, h: int) -> bool:
 
 def test_protected_blocks_stay_free_and_outlive_younger_unprotected_ones() -> None:
     pool = _pool()
-    port = ShelfPort(pool)
+    port = ShelfPort(pool, enforce=True)
     kept = _compute(pool, [10, 11, 12])
     port.hold([b.block_id for b in kept])
     _finish(pool, kept)  # the oldest: plain LRU would evict these first
@@ -73,7 +73,7 @@ def test_protected_blocks_stay_free_and_outlive_younger_unprotected_ones() -> No
 
 def test_an_allocation_the_queue_cannot_serve_takes_shelved_blocks_in_victim_order() -> None:
     pool = _pool()
-    port = ShelfPort(pool)
+    port = ShelfPort(pool, enforce=True)
     asked: list[int] = []
 
     def give_up(blocks: int) -> bool:
@@ -95,7 +95,7 @@ def test_an_allocation_the_queue_cannot_serve_takes_shelved_blocks_in_victim_ord
 
 def test_a_released_block_keeps_its_lru_place() -> None:
     pool = _pool()
-    port = ShelfPort(pool)
+    port = ShelfPort(pool, enforce=True)
     chain = _compute(pool, [1])
     port.hold([chain[0].block_id])
     _finish(pool, chain)
@@ -111,7 +111,7 @@ def test_a_released_block_keeps_its_lru_place() -> None:
 
 def test_a_release_that_is_not_for_room_makes_the_blocks_the_next_evicted() -> None:
     pool = _pool()
-    port = ShelfPort(pool)
+    port = ShelfPort(pool, enforce=True)
     chain = _compute(pool, [1, 2])
     ids = [b.block_id for b in chain]
     port.hold(ids)
@@ -125,7 +125,7 @@ def test_a_release_that_is_not_for_room_makes_the_blocks_the_next_evicted() -> N
 
 def test_an_ended_branch_leaves_a_prefix_another_request_reused_in_its_lru_place() -> None:
     pool = _pool()
-    port = ShelfPort(pool)
+    port = ShelfPort(pool, enforce=True)
     prefix = _compute(pool, [1])  # a system prompt, say
     own = _compute(pool, [2])
     chain = prefix + own
@@ -144,7 +144,7 @@ def test_an_ended_branch_leaves_a_prefix_another_request_reused_in_its_lru_place
 
 def test_the_pool_never_fails_for_a_retention_that_gives_nothing_back() -> None:
     pool = _pool()
-    port = ShelfPort(pool)  # on_short answers False: nothing to release
+    port = ShelfPort(pool, enforce=True)  # on_short answers False: nothing to release
     chain = _compute(pool, [1, 2])
     port.hold([b.block_id for b in chain])
     _finish(pool, chain)
@@ -157,7 +157,7 @@ def test_one_allocation_asks_the_retention_a_bounded_number_of_times() -> None:
     each ``on_short`` releases a few and frees nothing. The allocation stops
     asking after ``MAX_ROOM_CALLS`` and takes the protected blocks itself."""
     pool = _pool()
-    port = ShelfPort(pool)
+    port = ShelfPort(pool, enforce=True)
     asked: list[int] = []
 
     def releases_nothing(blocks: int) -> bool:
@@ -190,7 +190,7 @@ def test_held_references_are_given_back_a_bounded_number_of_times_per_allocation
 
 def test_a_hit_on_a_shelved_block_takes_it_and_its_release_after_the_request() -> None:
     pool = _pool()
-    port = ShelfPort(pool)
+    port = ShelfPort(pool, enforce=True)
     chain = _compute(pool, [1, 2])
     ids = [b.block_id for b in chain]
     port.hold(ids)
@@ -211,7 +211,7 @@ def test_a_hit_on_a_shelved_block_takes_it_and_its_release_after_the_request() -
 
 def test_shared_blocks_stay_protected_until_their_last_holder_releases() -> None:
     pool = _pool()
-    port = ShelfPort(pool)
+    port = ShelfPort(pool, enforce=True)
     chain = _compute(pool, [1, 2])
     ids = [b.block_id for b in chain]
     port.hold(ids)  # the parent
@@ -233,13 +233,12 @@ def test_hold_port_takes_and_gives_back_references() -> None:
     port.hold([chain[0].block_id])
     assert chain[0].ref_cnt == 1 and port.free_blocks() == N - 2
     port.release([chain[0].block_id])
-    assert chain[0].ref_cnt == 0 and port.payoff is None
+    assert chain[0].ref_cnt == 0
 
 
 def test_a_hit_lru_would_have_missed_is_a_gain() -> None:
     pool = _pool()
-    port = ShelfPort(pool)
-    before = port.payoff.gained
+    port = ShelfPort(pool, enforce=True)
     chain = _compute(pool, [10])
     port.hold([chain[0].block_id])
     _finish(pool, chain)  # older than everything freed below
@@ -250,13 +249,13 @@ def test_a_hit_lru_would_have_missed_is_a_gain() -> None:
     hit = pool.get_cached_block(_hash(10), [0])
     assert hit is not None
     pool.touch(hit)
-    assert port.payoff.gained == pytest.approx(before * (1 - 1 / 64) + 1.0)
+    assert port.payoff.gained == 1.0
     assert port.payoff.cost == 0
 
 
 def test_a_miss_on_a_block_lru_would_have_kept_is_a_cost() -> None:
     pool = _pool()
-    port = ShelfPort(pool)
+    port = ShelfPort(pool, enforce=True)
     chain = _compute(pool, [10])
     port.hold([chain[0].block_id])
     _finish(pool, chain)
@@ -271,16 +270,124 @@ def test_a_miss_on_a_block_lru_would_have_kept_is_a_cost() -> None:
 
 
 def test_when_lru_would_evict_a_ghost_too_it_is_forgotten() -> None:
-    books = EvictionPayoff(capacity=8, payoff=Payoff(prior=0.0))
+    books = EvictionPayoff(capacity=8, fixed=True)
     for block in (1, 2, 3):
         books.freed(block)
-    books.shelved(1)
-    books.evicted(2, b"two", on_shelf={1}.__contains__)  # LRU would evict 1: saved, 2 a ghost
+    books.evicted(2, b"two")  # LRU would evict 1: saved, 2 a ghost
     assert books.saved == {1} and list(books.ghosts) == [b"two"]
-    books.evicted(3, b"three", on_shelf={1}.__contains__)  # LRU would now evict 2 too
+    books.evicted(3, b"three")  # LRU would now evict 2 too
     assert list(books.ghosts) == [b"three"]
     books.missed([b"two"])
     assert books.payoff.cost == 0.0
+
+
+def test_an_ended_branch_evicted_before_older_blocks_is_on_the_books() -> None:
+    """Evicting an ended branch first is a departure from LRU too: the older
+    block it spared is saved, the ended block a ghost."""
+    pool = _pool()
+    port = ShelfPort(pool, enforce=True)
+    old = _compute(pool, [1])
+    _finish(pool, old)
+    ended = _compute(pool, [2])
+    port.hold([ended[0].block_id])
+    _finish(pool, ended)
+    port.release([ended[0].block_id], evict_first=True)
+    _finish(pool, _compute(pool, [1000 + i for i in range(N - 1 - 2)]))
+    pool.get_new_blocks(1)  # one cached block goes: the ended one, not LRU's 1
+    assert _cached(pool, 1) and not _cached(pool, 2)
+    port.missed([_hash(2)])
+    assert port.payoff.cost == 1.0
+
+
+def test_a_fresh_port_follows_lru_until_the_order_would_have_paid() -> None:
+    """With its books deciding (the default), a port starts as plain LRU:
+    protected blocks go in their LRU turn. Their misses are hits the order
+    would have had: once those outweigh the blocks it would have lost by
+    ``ORDER_MARGIN``, the order is in force and protected blocks survive."""
+    pool = _pool()
+    port = ShelfPort(pool)
+    assert not port.enforcing
+
+    def round_trip(base: int) -> bool:
+        chain = _compute(pool, [base, base + 1, base + 2, base + 3, base + 4])
+        ids = [b.block_id for b in chain]
+        port.hold(ids)
+        _finish(pool, chain)  # the oldest: LRU evicts these first
+        _finish(pool, _compute(pool, [base + 100 + i for i in range(3)]))
+        assert port.free_blocks() == N - 1  # LRU in force: everything is free to take
+        pool.get_new_blocks(N - 1 - 3)  # every block but the 3 youngest
+        survived = _cached(pool, base)
+        port.missed([_hash(base + i) for i in range(5) if not _cached(pool, base + i)])
+        port.release(ids)
+        _finish(pool, [b for b in pool.blocks[1:] if b.ref_cnt])
+        return survived
+
+    assert not round_trip(10)  # LRU in force: evicted, 5 phantoms missed
+    assert port.payoff.gained == 5.0 and port.enforcing
+    assert round_trip(20)  # the order in force: set aside
+
+
+def test_a_phantom_lasts_as_long_as_the_protection_lru_overrode() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    chain = _compute(pool, [10, 11])
+    ids = [b.block_id for b in chain]
+    port.hold(ids)
+    _finish(pool, chain)
+    _finish(pool, _compute(pool, list(range(20, 20 + N - 3))))
+    pool.get_new_blocks(N - 1)  # LRU in force: the protected chain goes too
+    port.release(ids)  # its retention ends (expired, say): the order would drop it too
+    port.missed([_hash(10), _hash(11)])
+    assert port.payoff.gained == 0.0 and not port.enforcing
+
+
+def test_the_order_gives_way_to_lru_when_it_costs_more_than_it_gains() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    port.accounting.enforcing = True  # as if it had paid so far
+    kept = _compute(pool, [10])
+    port.hold([kept[0].block_id])
+    _finish(pool, kept)
+    young = _compute(pool, list(range(20, 20 + N - 2)))
+    pool.free_blocks(young)  # 20 first in LRU order
+    pool.get_new_blocks(1)  # evicts 20 in place of the older, protected 10
+    port.missed([_hash(20)])  # ... which the next request needed
+    assert port.payoff.cost == 1.0 and not port.enforcing
+    pool.get_new_blocks(1)  # LRU again: the protected block goes in its turn
+    assert not _cached(pool, 10) and _cached(pool, 22)
+
+
+def test_lru_in_force_counts_a_hit_the_order_would_have_lost() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)
+    kept = _compute(pool, [10])
+    port.hold([kept[0].block_id])
+    _finish(pool, kept)
+    young = _compute(pool, list(range(20, 20 + N - 2)))
+    pool.free_blocks(young)
+    pool.get_new_blocks(1)  # LRU evicts 10; the order would have evicted 20
+    assert not _cached(pool, 10) and _cached(pool, 20)
+    hit = pool.get_cached_block(_hash(20), [0])
+    assert hit is not None
+    pool.touch(hit)
+    assert port.payoff.cost == 1.0 and port.payoff.gained == 0.0
+
+
+def test_a_protection_of_a_reused_block_outlives_the_release_of_the_one_revoked() -> None:
+    pool = _pool()
+    port = ShelfPort(pool)  # LRU in force: the allocation takes the protected block
+    old = _compute(pool, [10])
+    block_id = old[0].block_id
+    port.hold([block_id])
+    _finish(pool, old)
+    port.accounting.enforcing = True
+    reused = pool.get_new_blocks(N - 1)  # every block; nothing to release: all taken
+    assert block_id in [b.block_id for b in reused] and port.shelved == 0
+    port.hold([block_id])  # a new retention protects the block's new content
+    port.release([block_id])  # the first retention's release: the revoked one
+    assert port._protected[block_id] == 1  # the new protection stands
+    port.release([block_id])
+    assert block_id not in port._protected
 
 
 def test_payoff_decays_and_starts_trusted() -> None:

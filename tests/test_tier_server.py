@@ -37,8 +37,14 @@ def tier_server(
         model_dir,
         kv_blocks=BLOCKS,
         max_model_len=2048,
-        # Retention may hold the whole session, so the flood must release it.
-        extra_config={**tier, "max_held_fraction": 1.0, "max_tenant_fraction": 1.0},
+        # Retention may hold the whole session, its order in force from the
+        # start, so the flood must release it.
+        extra_config={
+            **tier,
+            "max_held_fraction": 1.0,
+            "max_tenant_fraction": 1.0,
+            "order_trial": False,
+        },
         log_dir=log_dir,
         startup_timeout=600,  # the 2 cores are shared with other workers' servers
     ) as server:

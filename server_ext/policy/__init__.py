@@ -21,7 +21,6 @@ from ._policy import (
     MAX_CHILDREN,
     MAX_DROPS,
     MAX_ROOM_CALLS,
-    MIN_BUDGET_SCALE,
     PolicyStats,
     RetentionPolicy,
 )
@@ -31,7 +30,6 @@ __all__ = [
     "MAX_CHILDREN",
     "MAX_DROPS",
     "MAX_ROOM_CALLS",
-    "MIN_BUDGET_SCALE",
     "ROOT",
     "Action",
     "AdmissionConfig",

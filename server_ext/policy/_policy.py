@@ -45,10 +45,6 @@ MAX_ROOM_CALLS = 4
 shelf then takes protected blocks itself; with held references vLLM waits a
 step (the next allocation releases the next few)."""
 
-MIN_BUDGET_SCALE = 1 / 16
-"""The smallest share of its budgets retention keeps while it does not pay
-(``RetentionPolicy.scale_budget``): enough to go on measuring whether it does."""
-
 
 @dataclass(frozen=True, slots=True)
 class PolicyStats:
@@ -98,7 +94,7 @@ class RetentionPolicy:
         once: a trimmed retention's tail first, the rest when it ends.
       - ``held_blocks`` (distinct block ids over live retentions, see
         ``BlockLedger``) is at most ``held_cap`` and each tenant's at most
-        ``tenant_cap`` (the configured caps times ``budget_scale``).
+        ``tenant_cap``.
       - Every live retention is in ``_deadlines`` at its
         ``effective_deadline``, in the victim orders (all, and its tenant's) at
         its ``rank``, in its tenant's ``DueIndex`` while it is away, and in
@@ -148,19 +144,18 @@ class RetentionPolicy:
         self._holds = 0
         self._calibration = _Calibration()
         self._prefetch = _PrefetchAccuracy()
-        self.budget_scale = 1.0
 
     # Introspection.
 
     @property
     def held_cap(self) -> int:
-        """Most distinct blocks all retentions may hold now."""
-        return math.floor(self.config.held_cap * self.budget_scale)
+        """Most distinct blocks all retentions may hold."""
+        return self.config.held_cap
 
     @property
     def tenant_cap(self) -> int:
-        """Most distinct blocks one tenant's retentions may hold now."""
-        return math.floor(self.config.tenant_cap * self.budget_scale)
+        """Most distinct blocks one tenant's retentions may hold."""
+        return self.config.tenant_cap
 
     @property
     def held_blocks(self) -> int:
@@ -478,33 +473,6 @@ class RetentionPolicy:
         ended)."""
         departed = self._pending.get(key)
         return None if departed is None else departed.plan.next_use(now)
-
-    def scale_budget(self, scale: float, now: float | None = None) -> list[Action]:
-        """Scale the budgets to ``scale`` of the configured caps (from
-        ``MIN_BUDGET_SCALE`` to 1): a mechanism that measures what retention
-        gains and costs shrinks them while it does not pay. Retentions over a
-        smaller cap go, in victim order."""
-        if not MIN_BUDGET_SCALE <= scale <= 1:
-            raise ValueError(f"budget scale must be in [{MIN_BUDGET_SCALE}, 1]")
-        now = self._now(now)
-        self.budget_scale = scale
-        actions, _ = self._expire(now)
-        self._rerank_due(now)
-        with self._candidates(self._order) as victims:
-            for victim in victims:
-                if self.held_blocks <= self.held_cap:
-                    break
-                actions.append(self._drop(victim, ReleaseReason.BUDGET)[0])
-        for tenant in [t for t in self._ledger.tenants() if self._over_tenant_cap(t)]:
-            with self._candidates(self._order_of(tenant)) as victims:
-                for victim in victims:
-                    if not self._over_tenant_cap(tenant):
-                        break
-                    actions.append(self._drop(victim, ReleaseReason.BUDGET)[0])
-        return actions
-
-    def _over_tenant_cap(self, tenant: str) -> bool:
-        return self._ledger.tenant_held(tenant) > self.tenant_cap
 
     def release_all(self, reason: ReleaseReason = ReleaseReason.RESET) -> list[Action]:
         """Release every retention (e.g. on reset_prefix_cache)."""
