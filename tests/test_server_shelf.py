@@ -14,6 +14,8 @@ import pytest
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock, make_block_hash_with_group_id
 
+from server_ext.__main__ import main as serve_main
+from server_ext._config import ExtensionConfig, ExtensionConfigError
 from server_ext._pool import EvictionPayoff, HoldPort, ShelfPort, allocate_after_room
 from server_ext.policy import MAX_ROOM_CALLS, Payoff
 
@@ -400,3 +402,14 @@ def test_payoff_decays_and_starts_trusted() -> None:
     assert payoff.pays and payoff.outcomes == 4
     with pytest.raises(ValueError):
         payoff.add(gained=-1.0)
+
+
+def test_the_operator_can_apply_the_order_from_the_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert ExtensionConfig().order_enforce is None  # the books decide
+    assert ExtensionConfig.from_mapping({"order_trial": False}).order_enforce is True
+    with pytest.raises(ExtensionConfigError, match="order_trial"):
+        ExtensionConfig.from_mapping({"order_trial": "no"})
+    assert serve_main(["serve", "m", "--no-order-trial", "--print-command"]) == 0
+    assert '"order_trial": false' in capsys.readouterr().out
