@@ -329,9 +329,13 @@ async def run_agent(
         context._trace = otel_context.get_current()
         try:
             await env.emit(AgentStartEvent(context, agent))
+            waited: _Wait | None = None
             for turn in range(max_turns):
                 context.messages = list(messages)
+                if waited is not None:
+                    waited.observe(env.estimator)
                 response = await _call_model(context, messages, definitions, turn)
+                responded = time.monotonic()
                 message, calls, items = _read_response(context, response, turn)
                 messages.append(message)
                 new_messages.append(message)
@@ -341,7 +345,9 @@ async def run_agent(
                     await env.emit(RunItemEvent(context, agent, item))
                 if not calls:
                     break
-                for output in await _run_tools(context, calls):
+                outputs, durations = await _run_tools(context, calls)
+                waited = _Wait(responded, durations) if durations else None
+                for output in outputs:
                     tool_message = {
                         "role": "tool",
                         "tool_call_id": output.call.id,
@@ -500,8 +506,30 @@ def _read_response(
     return message, calls, items
 
 
-async def _run_tools(context: BranchContext, calls: list[ToolCall]) -> list[ToolCallOutputItem]:
-    """Run one response's calls concurrently (capped); results in call order."""
+@dataclass(frozen=True, slots=True)
+class _Wait:
+    """A branch's wait on one response's tools, from the response (``since``,
+    ``time.monotonic``) to the branch's next request; ``durations``: each tool
+    that ran, its longest call."""
+
+    since: float
+    durations: dict[str, float]
+
+    def observe(self, estimator: LatencyEstimator) -> None:
+        """Teach ``estimator`` each tool's wait as the server sees it, at the
+        branch's next request: the tool's own duration plus what the loop spent
+        around the batch (its hooks, the session store, building the request),
+        which the server waits for as well."""
+        around = time.monotonic() - self.since - max(self.durations.values())
+        for name, seconds in self.durations.items():
+            estimator.observe(name, seconds + max(around, 0.0))
+
+
+async def _run_tools(
+    context: BranchContext, calls: list[ToolCall]
+) -> tuple[list[ToolCallOutputItem], dict[str, float]]:
+    """Run one response's calls concurrently (capped); results in call order,
+    and the longest duration of each tool that ran (``_Wait``)."""
     branch = context._branch
     env, agent = branch.env, branch.agent
     outputs: list[ToolCallOutputItem | None] = [None] * len(calls)
@@ -542,7 +570,11 @@ async def _run_tools(context: BranchContext, calls: list[ToolCall]) -> list[Tool
             raise errors[0]  # unwrapped, as the caller raised it
         # One tool_end per call once the whole batch is done: the branch returns only then.
         env.submit([ToolEnd(br=br, tool=t.name) for _, t, _ in runnable])
-    return [output for output in outputs if output is not None]
+    durations: dict[str, float] = {}
+    for index, tool, _ in runnable:
+        if (ran := outputs[index]) is not None:
+            durations[tool.name] = max(durations.get(tool.name, 0.0), ran.duration)
+    return [output for output in outputs if output is not None], durations
 
 
 def _not_callable(branch: Branch, name: str) -> str:
@@ -591,7 +623,6 @@ async def _execute(
             error = type(err).__qualname__
             output = f"Error: {error}: {err}"
         duration = time.monotonic() - started
-        env.estimator.observe(tool.name, duration)
         if error is not None:
             span.set_attribute(ERROR_TYPE, error)
             span.set_status(Status(StatusCode.ERROR, output))

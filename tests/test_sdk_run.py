@@ -231,6 +231,25 @@ async def test_runs_that_share_latency_stats_start_from_each_others_tool_times()
     assert [e.eta for e in alone.events_of(ToolStart)] == [2.5]  # nothing shared: the prior
 
 
+async def test_a_tools_eta_is_the_branchs_wait_as_the_server_sees_it() -> None:
+    """The server waits from a response to the branch's next request: the tool's
+    own time and the loop's around it (here a slow hook). The ETA learns both."""
+
+    class SlowHook(RunHooks):
+        async def on_tool_end(
+            self, context: RunContext, agent: Agent, tool: Tool, result: str
+        ) -> None:
+            await anyio.sleep(0.3)
+
+    model = ScriptedModel([[ScriptedCall("nap")], [ScriptedCall("nap")], "done"])
+    await Runner.run(_agent(nap), "go", client=model, hooks=SlowHook())
+    first, second = (e.eta for e in model.events_of(ToolStart))
+    assert first == 2.5  # the prior
+    # The prior and one wait of ~0.3 s (the nap itself took ~0): the median is the wait.
+    assert second is not None and 0.25 < second < 1.0
+    assert model.requests[2].hints is not None and model.requests[2].hints.gap == second
+
+
 async def test_no_tools_means_no_gap_and_outer_scope_is_kept() -> None:
     model = ScriptedModel(["hi"])
     with hint_scope(session="outer-session", ttl=600, prio=1):
