@@ -117,11 +117,9 @@ class EvictionPayoff:
     ``capacity`` each; ``payoff`` gains and costs are blocks.
     """
 
-    def __init__(
-        self, capacity: int, payoff: Payoff | None = None, fixed: bool | None = None
-    ) -> None:
+    def __init__(self, capacity: int, fixed: bool | None = None) -> None:
         self.capacity = max(capacity, 1)
-        self.payoff = payoff or Payoff(prior=0.0)
+        self.payoff = Payoff(prior=0.0)
         self.enforcing = bool(fixed)
         self._fixed = fixed
         self._clock = 0  # blocks freed

@@ -11,7 +11,9 @@ import random
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,14 +27,20 @@ BLOCKS = 48  # as conftest's plain_vllm_server, the baseline here
 PROMPT = 1024  # tokens: 16 full blocks
 
 
+def _server(model_dir: Path, log_dir: Path, **settings: Any) -> AbstractContextManager[LocalServer]:
+    """The extension with ``BLOCKS`` blocks, as plain vLLM in conftest."""
+    return local_server(
+        model_dir, kv_blocks=BLOCKS, max_model_len=2048, log_dir=log_dir, **settings
+    )
+
+
 @pytest.fixture(scope="module")
 def ext_server(
     test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalServer]:
-    with local_server(
+    with _server(
         test_model_dir,
-        kv_blocks=BLOCKS,
-        max_model_len=2048,
+        tmp_path_factory.mktemp("ext-logs"),
         # Let retention fill the whole pool, so the pressure path is exercised;
         # its eviction order in force from the start (by default it follows
         # LRU until its books show it pays: default_server); warm-first
@@ -44,7 +52,6 @@ def ext_server(
             "max_defer_s": 10,
         },
         env={"VLLM_SERVER_DEV_MODE": "1"},
-        log_dir=tmp_path_factory.mktemp("ext-logs"),
     ) as server:
         yield server
 
@@ -54,12 +61,7 @@ def default_server(
     test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalServer]:
     """The extension at its defaults, with the same KV."""
-    with local_server(
-        test_model_dir,
-        kv_blocks=BLOCKS,
-        max_model_len=2048,
-        log_dir=tmp_path_factory.mktemp("defaults-logs"),
-    ) as server:
+    with _server(test_model_dir, tmp_path_factory.mktemp("defaults-logs")) as server:
         yield server
 
 
