@@ -38,7 +38,6 @@ from hints_spec import (
     ControlEvent,
     End,
     Fork,
-    ToolEnd,
     ToolStart,
 )
 
@@ -568,8 +567,8 @@ async def _run_tools(
                 group.start_soon(execute, index, tool, arguments)
         if errors:
             raise errors[0]  # unwrapped, as the caller raised it
-        # One tool_end per call once the whole batch is done: the branch returns only then.
-        env.submit([ToolEnd(br=br, tool=t.name) for _, t, _ in runnable])
+        # No ``tool_end``: the loop's next request follows at once and tells the
+        # server the same; a POST for it would only load the server's CPU.
     durations: dict[str, float] = {}
     for index, tool, _ in runnable:
         if (ran := outputs[index]) is not None:

@@ -107,7 +107,7 @@ def test_each_recorded_call_is_one_token_id_request_and_each_tool_waits_as_recor
     assert all(isinstance(h["gap"], float) for h in fake.hints())
     starts = [e for e in fake.events if e["type"] == "tool_start"]
     assert [e["tool"] for e in starts] == ["Bash-test", "Read", "Bash-test", "Read", "Bash-test"]
-    assert sum(e["type"] == "tool_end" for e in fake.events) == 5
+    assert not any(e["type"] == "tool_end" for e in fake.events)  # the next request says it
     assert fake.events[-1] == {"type": "end"}
     # The recorded waits, scaled: 2 s -> 0.1 s, 0.02 s -> 1 ms.
     waits = [b.sent_at - a.sent_at - (a.latency_s or 0.0) for a, b in itertools.pairwise(records)]

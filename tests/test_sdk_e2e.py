@@ -45,7 +45,7 @@ async def test_multi_turn_loop_with_real_tool_calls(vllm_server: LocalServer) ->
     events = after.get("agent_hints_control_events_total", 0) - before.get(
         "agent_hints_control_events_total", 0
     )
-    assert events >= 6  # three tool_start + three tool_end
+    assert events >= 3  # three tool_start (each batch's next request is its tool_end)
     outputs = [i for i in result.new_items if isinstance(i, ToolCallOutputItem)]
     assert [(o.call.name, o.is_error) for o in outputs] == [
         ("list_dir", False),

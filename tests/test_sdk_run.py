@@ -44,7 +44,7 @@ from agentsdk import (
     hint_scope,
     tool,
 )
-from hints_spec import USER_TOOL, End, ToolEnd, ToolStart
+from hints_spec import USER_TOOL, End, ToolStart
 
 pytestmark = pytest.mark.anyio
 
@@ -207,10 +207,8 @@ async def test_hints_on_every_request_and_control_events() -> None:
     assert [type(r.event) for r in model.control_events] == [
         ToolStart,
         ToolStart,
-        ToolEnd,
-        ToolEnd,
         End,
-    ]
+    ]  # no tool_end: each batch's next request follows at once
     assert model.events_of(ToolStart)[0] == ToolStart(tool="nap", eta=2.5)
     assert model.events_of(End) == [End()]  # no session: the run ends it
 
@@ -443,7 +441,6 @@ async def test_the_root_branch_sends_no_branch_even_inside_a_branch_scope() -> N
     assert all(r.hints is not None and r.hints.pbr is None for r in model.requests)
     assert [r.event for r in model.control_events] == [
         ToolStart(tool="nap", eta=2.5),
-        ToolEnd(tool="nap"),
         End(),
     ]
 
