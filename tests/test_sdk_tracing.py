@@ -213,7 +213,7 @@ async def test_one_run_carries_the_required_genai_attributes_and_joins_traces() 
     for headers, _ in server.control:
         trace_id, span_id = _span_of(headers["traceparent"])
         assert trace_id == invoke.context.trace_id and span_id in run_spans
-    assert [e["type"] for e in server.events()] == ["tool_start", "tool_end", "end"]
+    assert [e["type"] for e in server.events()] == ["tool_start", "end"]
 
 
 async def test_failed_calls_carry_error_type() -> None:
