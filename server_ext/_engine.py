@@ -513,6 +513,11 @@ class EngineRetention:
         entry = self._requests.get(request_id)
         return entry is not None and entry.warmup
 
+    def is_hinted(self, request_id: str) -> bool:
+        """Whether ``request_id`` carries a usable hint (a branch of a session)."""
+        entry = self._requests.get(request_id)
+        return entry is not None and entry.key is not None
+
     @_contained(False)
     def make_room(self, blocks_needed: int, request_id: str | None = None) -> bool:
         """Release retentions for an allocation of ``request_id`` (whose own

@@ -106,20 +106,29 @@ class EvictionPayoff:
       is a cost). A phantom lasts as long as the protection LRU overrode
       would have (``unprotected``).
 
-    The gains and costs go into one ``Payoff``: what the order is worth
-    against LRU, whichever is in force. LRU is in force at first; the order
-    takes over once its net gain reaches ``ORDER_MARGIN`` blocks, and gives
-    way again as soon as its recent costs exceed its recent gains. ``fixed``
-    (True or False) keeps one of them in force whatever the books say.
+    The gains and costs go into one ``Payoff``, one outcome per request's
+    hits and one per its misses: what the order is worth against LRU,
+    whichever is in force. LRU is in force at first; the order takes over
+    once its net gain reaches ``ORDER_MARGIN`` blocks beyond chance
+    (``Payoff.clears``: a trade of some requests' whole prompts for others'
+    is no gain), and gives way again as soon as its recent costs exceed its
+    recent gains. Requests without hints are never protected, so the order
+    can only take from them: their own books (``unhinted``) must stay even,
+    ``ORDER_MARGIN`` allowed, or LRU is in force (they must not pay for the
+    sessions that hint). ``fixed`` (True or False) keeps one of them in force
+    whatever the books say.
 
     Invariants: ``saved`` and ``doomed`` hold block ids of free cached blocks,
     ``ghosts`` and ``phantoms`` block hashes (oldest first), at most
-    ``capacity`` each; ``payoff`` gains and costs are blocks.
+    ``capacity`` each; ``payoff`` and ``unhinted`` count blocks and decay
+    together (every outcome is recorded in both, as nothing in ``unhinted``
+    for a hinted request).
     """
 
     def __init__(self, capacity: int, fixed: bool | None = None) -> None:
         self.capacity = max(capacity, 1)
         self.payoff = Payoff(prior=0.0)
+        self.unhinted = Payoff(prior=0.0)
         self.enforcing = bool(fixed)
         self._fixed = fixed
         self._clock = 0  # blocks freed
@@ -195,20 +204,24 @@ class EvictionPayoff:
         if len(self.doomed) > self.capacity:
             self.doomed.pop()
 
-    def hit(self, block_id: int) -> None:
-        """A request reuses the free block ``block_id``."""
-        self._stamps.pop(block_id, None)
-        if block_id in self.saved:
-            self.saved.discard(block_id)
-            self._add(gained=1.0)
-        elif block_id in self.doomed:
-            self.doomed.discard(block_id)
-            self._add(cost=1.0)
+    def hit(self, block_ids: Iterable[int], hinted: bool = True) -> None:
+        """A request (with hints if ``hinted``) reuses the free blocks ``block_ids``."""
+        gained = lost = 0
+        for i in block_ids:
+            self._stamps.pop(i, None)
+            if i in self.saved:
+                self.saved.discard(i)
+                gained += 1
+            elif i in self.doomed:
+                self.doomed.discard(i)
+                lost += 1
+        self._add(gained, lost, hinted)
 
-    def missed(self, block_hashes: Iterable[bytes]) -> None:
-        """A request computes the blocks ``block_hashes`` (its prefix past the
-        cache, in order): each leading ghost among them is a block LRU would
-        have served, each leading phantom one the retention's order would."""
+    def missed(self, block_hashes: Iterable[bytes], hinted: bool = True) -> None:
+        """A request (with hints if ``hinted``) computes the blocks
+        ``block_hashes`` (its prefix past the cache, in order): each leading
+        ghost among them is a block LRU would have served, each leading
+        phantom one the retention's order would."""
         gained = lost = 0
         for h in block_hashes:
             ghost = self.ghosts.pop(h, None) is not None
@@ -217,18 +230,21 @@ class EvictionPayoff:
                 break
             lost += ghost and not phantom
             gained += phantom and not ghost
-        if gained or lost:
-            self._add(gained=float(gained), cost=float(lost))
+        self._add(gained, lost, hinted)
 
-    def _add(self, gained: float = 0.0, cost: float = 0.0) -> None:
-        payoff = self.payoff
+    def _add(self, gained: int, cost: int, hinted: bool) -> None:
+        if not (gained or cost):
+            return
+        payoff, unhinted = self.payoff, self.unhinted
         payoff.add(gained=gained, cost=cost)
+        unhinted.add(gained=0 if hinted else gained, cost=0 if hinted else cost)
         if self._fixed is not None:
             return
+        fair = unhinted.cost <= unhinted.gained + ORDER_MARGIN
         if self.enforcing:
-            self.enforcing = payoff.pays
+            self.enforcing = fair and payoff.pays
         else:
-            self.enforcing = payoff.gained >= payoff.cost + ORDER_MARGIN
+            self.enforcing = fair and payoff.clears(ORDER_MARGIN)
 
 
 class ShelfPort:
@@ -272,6 +288,7 @@ class ShelfPort:
         self._kept: dict[int, KVCacheBlock] = {}
         self._loose: OrderedDict[int, KVCacheBlock] = OrderedDict()
         self._reused: set[int] = set()  # touched by a request since allocated
+        self._hinted = True  # the request being admitted carries hints
         self.on_short: Callable[[int], bool] = lambda blocks: False
         self.accounting = EvictionPayoff(pool.num_gpu_blocks, fixed=enforce)
         self._free = pool.free_blocks
@@ -372,9 +389,8 @@ class ShelfPort:
             i = block.block_id
             if self._kept.pop(i, None) is not None or self._loose.pop(i, None) is not None:
                 self._queue.append(block)  # for the pool's own touch to take it off
-            if block.ref_cnt == 0:
-                self.accounting.hit(i)
             self._reused.add(i)
+        self.accounting.hit((b.block_id for b in blocks if b.ref_cnt == 0), self._hinted)
         self._touch(blocks)
 
     def _on_get_new(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -455,6 +471,10 @@ class ShelfPort:
         """Up to ``n`` loose shelf blocks, oldest first, off the shelf."""
         return [self._loose.popitem(last=False)[1] for _ in range(min(n, len(self._loose)))]
 
-    def missed(self, block_hashes: Sequence[Any]) -> None:
-        """A request's prefix past the cache (its block hashes, in order)."""
-        self.accounting.missed(block_hashes)
+    def admit(self, hinted: bool, missed: Sequence[Any]) -> None:
+        """The scheduler considers a request for admission: whether it
+        carries hints, and its prefix past the cache (its block hashes, in
+        order). The allocation that follows is this request's: the blocks it
+        reuses are booked to it."""
+        self._hinted = hinted
+        self.accounting.missed(missed, hinted)

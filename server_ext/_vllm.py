@@ -497,9 +497,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
         self._block_size = int(vllm_config.cache_config.block_size)
         self._step_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
         self._retention: EngineRetention | None = None
-        # Retention by eviction order, and the requests whose misses it counted.
+        # Retention by eviction order.
         self._shelf: ShelfPort | None = None
-        self._looked_up: set[str] = set()
         self._reported: dict[str, float] = {}
         # Tier, scheduler side: the planner and the requests it tracks.
         self._planner: TierPlanner | None = None
@@ -675,9 +674,11 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 )  # fmt: skip
             except Exception:
                 self._contained("lookup")
-        if self._shelf is not None and request.request_id not in self._looked_up:
-            self._looked_up.add(request.request_id)
-            self._shelf.missed(request.block_hashes[num_computed_tokens // self._block_size :])
+        if self._shelf is not None and self._retention is not None:
+            self._shelf.admit(
+                self._retention.is_hinted(request.request_id),
+                request.block_hashes[num_computed_tokens // self._block_size :],
+            )
         if self._retention is not None:
             cached_blocks = (num_computed_tokens + tokens) // self._block_size
             if self._retention.defers(
@@ -762,7 +763,6 @@ class AgentHintsConnector(KVConnectorBase_V1):
             return False, None
         warmup = self._warmups.pop(request.request_id, None) is not None
         self._preemptions[warmup] += request.num_preemptions
-        self._looked_up.discard(request.request_id)
         control = read_control(request.kv_transfer_params)
         if control is not None:
             retention.control(control)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["Payoff"]
@@ -19,14 +20,20 @@ class Payoff:
     the workload; a new one starts from ``prior`` units of gain, so a mechanism
     runs until the evidence is against it.
 
-    Invariants: ``gained >= 0`` and ``cost >= 0``; ``outcomes`` and the
-    undecayed ``total_gained`` / ``total_cost`` (for metrics) only grow.
+    ``spread`` (the decayed sum of each outcome's squared net) says how much
+    of a lead is chance: one request that gains a whole prompt and another
+    that loses one leave the books even but the spread wide (``clears``).
+
+    Invariants: ``gained >= 0``, ``cost >= 0`` and ``spread >= 0``;
+    ``outcomes`` and the undecayed ``total_gained`` / ``total_cost`` (for
+    metrics) only grow.
     """
 
     memory: float = 64.0
     prior: float = 4.0
     gained: float = 0.0
     cost: float = 0.0
+    spread: float = 0.0
     outcomes: int = 0
     total_gained: float = 0.0
     total_cost: float = 0.0
@@ -43,6 +50,7 @@ class Payoff:
         keep = 1.0 - 1.0 / self.memory
         self.gained = self.gained * keep + gained
         self.cost = self.cost * keep + cost
+        self.spread = self.spread * keep + (gained - cost) ** 2
         self.outcomes += 1
         self.total_gained += gained
         self.total_cost += cost
@@ -51,3 +59,8 @@ class Payoff:
     def pays(self) -> bool:
         """Whether recent gains cover recent costs."""
         return self.gained >= self.cost
+
+    def clears(self, margin: float, sigmas: float = 2.0) -> bool:
+        """Whether recent gains lead recent costs by ``margin`` and by more
+        than chance would: ``sigmas`` times the outcomes' spread."""
+        return self.gained - self.cost >= margin + sigmas * math.sqrt(self.spread)
