@@ -3,6 +3,7 @@
 Every touch point of vLLM's ``BlockPool`` is here (``blocks``,
 ``free_block_queue`` with ``remove`` / ``append`` / ``prepend_n`` /
 ``num_free_blocks``, ``touch``, ``free_blocks``, ``get_new_blocks``,
+``get_cached_block``,
 ``get_num_free_blocks``, ``KVCacheBlock.ref_cnt`` / ``block_hash`` /
 ``is_null``, ``kv_cache_utils.get_block_hash``); the connector picks a port and
 the engine-side retention (``_engine.EngineRetention``) drives it through the
@@ -28,7 +29,7 @@ import heapq
 import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from .policy import MAX_ROOM_CALLS, Payoff
 
@@ -95,20 +96,20 @@ class EvictionPayoff:
     - while the retention's order is in force, plain LRU is the shadow: each
       block that becomes free gets a stamp (its place in LRU order); when an
       allocation evicts a block while an older free one survives, LRU would
-      have evicted that one: it is *saved* (a hit on it is a gain) and the
-      evicted one a *ghost* (a miss on it is a cost). When LRU would evict a
-      ghost (the oldest ghost is older than the block evicted now), both have
-      lost it and it is dropped;
+      have evicted that one: it is *saved* (LRU lacks it) and the evicted one
+      a *ghost* (only LRU has it). When LRU would evict a ghost (the oldest
+      ghost is older than the block evicted now), both have lost it and it is
+      dropped;
     - while plain LRU is in force, the retention's order is the shadow: each
-      protected block LRU evicts is a *phantom* (the order would still have
-      it: a miss on it is a gain), and the next unprotected block in LRU order
-      is *doomed* in its place (the order would have evicted it: a hit on it
-      is a cost). A phantom lasts as long as the protection LRU overrode
+      protected block LRU evicts is a *phantom* (only the order has it), and
+      the next unprotected block in LRU order is *doomed* in its place (the
+      order lacks it). A phantom lasts as long as the protection LRU overrode
       would have (``unprotected``).
 
-    The gains and costs go into one ``Payoff``, one outcome per request's
-    hits and one per its misses: what the order is worth against LRU,
-    whichever is in force. LRU is in force at first; the order takes over
+    Each admitted request is one outcome: how much longer (a gain) or
+    shorter (a cost) its cached prefix is in the order's cache than in LRU's
+    (``judge``). They go into one ``Payoff``: what the order is worth against
+    LRU, whichever is in force. LRU is in force at first; the order takes over
     once its net gain reaches ``ORDER_MARGIN`` blocks beyond chance
     (``Payoff.clears``: a trade of some requests' whole prompts for others'
     is no gain), and gives way again as soon as its recent costs exceed its
@@ -204,33 +205,42 @@ class EvictionPayoff:
         if len(self.doomed) > self.capacity:
             self.doomed.pop()
 
-    def hit(self, block_ids: Iterable[int], hinted: bool = True) -> None:
-        """A request (with hints if ``hinted``) reuses the free blocks ``block_ids``."""
-        gained = lost = 0
-        for i in block_ids:
-            self._stamps.pop(i, None)
-            if i in self.saved:
-                self.saved.discard(i)
-                gained += 1
-            elif i in self.doomed:
-                self.doomed.discard(i)
-                lost += 1
-        self._add(gained, lost, hinted)
+    def reused(self, block_id: int) -> None:
+        """A request takes the free block ``block_id`` (a hit): it is no longer
+        free, in either cache (``judge`` counted what the hit was worth)."""
+        self._stamps.pop(block_id, None)
+        self.saved.discard(block_id)
+        self.doomed.discard(block_id)
 
-    def missed(self, block_hashes: Iterable[bytes], hinted: bool = True) -> None:
-        """A request (with hints if ``hinted``) computes the blocks
-        ``block_hashes`` (its prefix past the cache, in order): each leading
-        ghost among them is a block LRU would have served, each leading
-        phantom one the retention's order would."""
-        gained = lost = 0
-        for h in block_hashes:
-            ghost = self.ghosts.pop(h, None) is not None
-            phantom = self.phantoms.pop(h, None) is not None
-            if not (ghost or phantom):
-                break
-            lost += ghost and not phantom
-            gained += phantom and not ghost
-        self._add(gained, lost, hinted)
+    def judge(
+        self, block_hashes: Sequence[bytes], cached: Callable[[int], int | None], hit: int
+    ) -> int:
+        """What the retention's order is worth, in blocks, to a request whose
+        prompt's full blocks are ``block_hashes`` (in order), of which the
+        cache serves the first ``hit``; ``cached(i)`` is the id of the block
+        that holds the ``i``-th (None: none). vLLM serves a prompt from the
+        cache up to its first missing block, so the worth is the difference
+        between the two caches' prefixes: one lost head block costs the whole
+        prompt. Changes nothing (the scheduler may ask again)."""
+        lacks = self.saved if self.enforcing else self.doomed  # free, the shadow lost it
+        extra = self.ghosts if self.enforcing else self.phantoms  # only the shadow has it
+        shadow = 0
+        for i, h in enumerate(block_hashes):
+            if h not in extra and (i >= hit or lacks):
+                block_id = cached(i)
+                if block_id is None or block_id in lacks:
+                    break
+            shadow += 1
+        return hit - shadow if self.enforcing else shadow - hit
+
+    def book(self, worth: int, hinted: bool, computed: Iterable[bytes]) -> None:
+        """A request (with hints if ``hinted``) that ``judge`` found the order
+        worth ``worth`` blocks to is admitted: it computes the blocks
+        ``computed``, which both caches then hold."""
+        for h in computed:
+            self.ghosts.pop(h, None)
+            self.phantoms.pop(h, None)
+        self._add(max(worth, 0), max(-worth, 0), hinted)
 
     def _add(self, gained: int, cost: int, hinted: bool) -> None:
         if not (gained or cost):
@@ -245,6 +255,15 @@ class EvictionPayoff:
             self.enforcing = fair and payoff.pays
         else:
             self.enforcing = fair and payoff.clears(ORDER_MARGIN)
+
+
+class _Admission(NamedTuple):
+    """A request the scheduler is admitting, and what the order is worth to it."""
+
+    request_id: str
+    hinted: bool
+    worth: int
+    computed: Sequence[Any]  # the hashes of the blocks it computes
 
 
 class ShelfPort:
@@ -288,7 +307,7 @@ class ShelfPort:
         self._kept: dict[int, KVCacheBlock] = {}
         self._loose: OrderedDict[int, KVCacheBlock] = OrderedDict()
         self._reused: set[int] = set()  # touched by a request since allocated
-        self._hinted = True  # the request being admitted carries hints
+        self._admitting: _Admission | None = None
         self.on_short: Callable[[int], bool] = lambda blocks: False
         self.accounting = EvictionPayoff(pool.num_gpu_blocks, fixed=enforce)
         self._free = pool.free_blocks
@@ -389,8 +408,9 @@ class ShelfPort:
             i = block.block_id
             if self._kept.pop(i, None) is not None or self._loose.pop(i, None) is not None:
                 self._queue.append(block)  # for the pool's own touch to take it off
+            if block.ref_cnt == 0:
+                self.accounting.reused(i)
             self._reused.add(i)
-        self.accounting.hit((b.block_id for b in blocks if b.ref_cnt == 0), self._hinted)
         self._touch(blocks)
 
     def _on_get_new(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -471,10 +491,22 @@ class ShelfPort:
         """Up to ``n`` loose shelf blocks, oldest first, off the shelf."""
         return [self._loose.popitem(last=False)[1] for _ in range(min(n, len(self._loose)))]
 
-    def admit(self, hinted: bool, missed: Sequence[Any]) -> None:
-        """The scheduler considers a request for admission: whether it
-        carries hints, and its prefix past the cache (its block hashes, in
-        order). The allocation that follows is this request's: the blocks it
-        reuses are booked to it."""
-        self._hinted = hinted
-        self.accounting.missed(missed, hinted)
+    def admit(self, request_id: str, hinted: bool, block_hashes: Sequence[Any], hit: int) -> None:
+        """The scheduler considers ``request_id`` for admission (with hints
+        if ``hinted``): the full blocks of its prompt that a cache could serve
+        (their hashes, in order), of which the cache serves the first ``hit``.
+        Booked only once it is admitted (``admitted``)."""
+
+        def cached(i: int) -> int | None:
+            blocks = self._pool.get_cached_block(block_hashes[i], [0])
+            return blocks[0].block_id if blocks else None
+
+        worth = self.accounting.judge(block_hashes, cached, hit)
+        self._admitting = _Admission(request_id, hinted, worth, block_hashes[hit:])
+
+    def admitted(self, request_id: str) -> None:
+        """The scheduler allocated ``request_id``'s blocks: book what the
+        order was worth to it (as ``admit`` found it)."""
+        admission, self._admitting = self._admitting, None
+        if admission is not None and admission.request_id == request_id:
+            self.accounting.book(admission.worth, admission.hinted, admission.computed)

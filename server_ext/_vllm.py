@@ -675,9 +675,13 @@ class AgentHintsConnector(KVConnectorBase_V1):
             except Exception:
                 self._contained("lookup")
         if self._shelf is not None and self._retention is not None:
+            # vLLM computes a prompt's last token whatever the cache holds.
+            servable = (request.num_tokens - 1) // self._block_size
             self._shelf.admit(
+                request.request_id,
                 self._retention.is_hinted(request.request_id),
-                request.block_hashes[num_computed_tokens // self._block_size :],
+                request.block_hashes[:servable],
+                num_computed_tokens // self._block_size,
             )
         if self._retention is not None:
             cached_blocks = (num_computed_tokens + tokens) // self._block_size
@@ -690,6 +694,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
+        if self._shelf is not None:
+            self._shelf.admitted(request.request_id)
         if self._retention is not None:
             self._retention.request_scheduled(request.request_id)
         if self._planner is not None and request.request_id in self._tier_requests:

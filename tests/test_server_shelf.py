@@ -53,6 +53,16 @@ def _cached(pool: BlockPool, h: int) -> bool:
     return pool.get_cached_block(_hash(h), [0]) is not None
 
 
+def _request(port: ShelfPort, pool: BlockPool, hashes: Sequence[int], hinted: bool = True) -> None:
+    """A request for the blocks ``hashes`` is admitted: the cache serves
+    their leading cached ones (the allocation that takes them is left out)."""
+    hit = 0
+    while hit < len(hashes) and _cached(pool, hashes[hit]):
+        hit += 1
+    port.admit("request", hinted, [_hash(h) for h in hashes], hit)
+    port.admitted("request")
+
+
 def test_protected_blocks_stay_free_and_outlive_younger_unprotected_ones() -> None:
     pool = _pool()
     port = ShelfPort(pool, enforce=True)
@@ -248,9 +258,7 @@ def test_a_hit_lru_would_have_missed_is_a_gain() -> None:
     _finish(pool, young)
     pool.get_new_blocks(1)  # LRU would evict block 10; it is set aside instead
     assert _cached(pool, 10)
-    hit = pool.get_cached_block(_hash(10), [0])
-    assert hit is not None
-    pool.touch(hit)
+    _request(port, pool, [10])
     assert port.payoff.gained == 1.0
     assert port.payoff.cost == 0
 
@@ -264,10 +272,31 @@ def test_a_miss_on_a_block_lru_would_have_kept_is_a_cost() -> None:
     young = _compute(pool, list(range(20, 20 + N - 2)))
     pool.free_blocks(young)  # 20 first in LRU order
     pool.get_new_blocks(1)  # evicts block 20 in place of the older, shelved 10
-    assert not _cached(pool, 20)
-    port.admit(True, [_hash(20), _hash(21)])  # a request needs 20 (and 21, still cached)
-    assert port.payoff.cost == 1.0
-    port.admit(True, [_hash(20)])  # counted once
+    assert not _cached(pool, 20) and _cached(pool, 21)
+    # A request for 20, 21, 22: LRU would have served all three; the cache
+    # holds 21 and 22 but serves none past the missing head block.
+    _request(port, pool, [20, 21, 22])
+    assert port.payoff.cost == 3.0
+    _request(port, pool, [20])  # it computed 20: both caches have it now
+    assert port.payoff.cost == 3.0
+
+
+def test_a_request_is_booked_once_when_admitted_however_often_it_was_considered() -> None:
+    pool = _pool()
+    port = ShelfPort(pool, enforce=True)
+    chain = _compute(pool, [10])
+    port.hold([chain[0].block_id])
+    _finish(pool, chain)
+    pool.free_blocks(_compute(pool, list(range(20, 20 + N - 2))))
+    pool.get_new_blocks(1)  # evicts 20 in place of the older, protected 10
+    for _ in range(3):  # considered each step, not admitted (no room, say)
+        port.admit("a", True, [_hash(20)], 0)
+    port.admit("b", True, [_hash(21)], 1)
+    port.admitted("a")  # the last one considered was b: nothing to book for a
+    assert port.payoff.cost == 0.0
+    port.admit("a", True, [_hash(20)], 0)
+    port.admitted("a")
+    port.admitted("a")
     assert port.payoff.cost == 1.0
 
 
@@ -279,7 +308,7 @@ def test_when_lru_would_evict_a_ghost_too_it_is_forgotten() -> None:
     assert books.saved == {1} and list(books.ghosts) == [b"two"]
     books.evicted(3, b"three")  # LRU would now evict 2 too
     assert list(books.ghosts) == [b"three"]
-    books.missed([b"two"])
+    books.book(books.judge([b"two"], lambda i: None, 0), True, [b"two"])
     assert books.payoff.cost == 0.0
 
 
@@ -297,7 +326,7 @@ def test_an_ended_branch_evicted_before_older_blocks_is_on_the_books() -> None:
     _finish(pool, _compute(pool, [1000 + i for i in range(N - 1 - 2)]))
     pool.get_new_blocks(1)  # one cached block goes: the ended one, not LRU's 1
     assert _cached(pool, 1) and not _cached(pool, 2)
-    port.admit(True, [_hash(2)])
+    _request(port, pool, [2])
     assert port.payoff.cost == 1.0
 
 
@@ -320,7 +349,7 @@ def test_a_fresh_port_follows_lru_until_the_order_would_have_paid() -> None:
         assert port.free_blocks() == N - 1  # LRU in force: everything is free to take
         pool.get_new_blocks(N - 1 - 3)  # every block but the 3 youngest
         survived = _cached(pool, base)
-        port.admit(True, [_hash(base + i) for i in range(5) if not _cached(pool, base + i)])
+        _request(port, pool, [base + i for i in range(5)])
         port.release(ids)
         _finish(pool, [b for b in pool.blocks[1:] if b.ref_cnt])
         return survived
@@ -346,7 +375,7 @@ def test_a_phantom_lasts_as_long_as_the_protection_lru_overrode() -> None:
     _finish(pool, _compute(pool, list(range(20, 20 + N - 3))))
     pool.get_new_blocks(N - 1)  # LRU in force: the protected chain goes too
     port.release(ids)  # its retention ends (expired, say): the order would drop it too
-    port.admit(True, [_hash(10), _hash(11)])
+    _request(port, pool, [10, 11])
     assert port.payoff.gained == 0.0 and not port.enforcing
 
 
@@ -360,7 +389,7 @@ def test_the_order_gives_way_to_lru_when_it_costs_more_than_it_gains() -> None:
     young = _compute(pool, list(range(20, 20 + N - 2)))
     pool.free_blocks(young)  # 20 first in LRU order
     pool.get_new_blocks(1)  # evicts 20 in place of the older, protected 10
-    port.admit(True, [_hash(20)])  # ... which the next request needed
+    _request(port, pool, [20])  # ... which the next request needed
     assert port.payoff.cost == 1.0 and not port.enforcing
     pool.get_new_blocks(1)  # LRU again: the protected block goes in its turn
     assert not _cached(pool, 10) and _cached(pool, 22)
@@ -376,9 +405,7 @@ def test_lru_in_force_counts_a_hit_the_order_would_have_lost() -> None:
     pool.free_blocks(young)
     pool.get_new_blocks(1)  # LRU evicts 10; the order would have evicted 20
     assert not _cached(pool, 10) and _cached(pool, 20)
-    hit = pool.get_cached_block(_hash(20), [0])
-    assert hit is not None
-    pool.touch(hit)
+    _request(port, pool, [20])
     assert port.payoff.cost == 1.0 and port.payoff.gained == 0.0
 
 
@@ -433,16 +460,24 @@ def _phantom_gains(books: EvictionPayoff, requests: int, first_block: int = 1) -
             books.freed(i)
         for i in ids:
             books.evicted(i, i.to_bytes(8, "big"), protected=True)
-        books.missed([i.to_bytes(8, "big") for i in ids])
+        hashes = [i.to_bytes(8, "big") for i in ids]
+        books.book(books.judge(hashes, lambda i: None, 0), True, hashes)
+
+
+def _doomed_hits(books: EvictionPayoff, first_block: int, count: int, hinted: bool) -> None:
+    """A request is served ``count`` free blocks the order would have evicted."""
+    ids = range(first_block, first_block + count)
+    for i in ids:
+        books.freed(i)
+        books.doom(i)
+    hashes = [i.to_bytes(8, "big") for i in ids]
+    books.book(books.judge(hashes, lambda i: first_block + i, count), hinted, [])
 
 
 def test_a_trade_of_whole_prompts_between_requests_keeps_lru() -> None:
     books = EvictionPayoff(capacity=1000)
     _phantom_gains(books, 1)  # one request would have kept 5 blocks ...
-    for i in range(100, 104):
-        books.freed(i)
-        books.doom(i)
-    books.hit(range(100, 104))  # ... another would have lost 4 of its own
+    _doomed_hits(books, 100, 4, hinted=True)  # ... another would have lost 4 of its own
     assert books.payoff.total_gained - books.payoff.total_cost == 1.0
     _phantom_gains(books, 1, first_block=200)
     assert not books.enforcing  # 6 blocks ahead, on a spread of 5-block outcomes
@@ -454,10 +489,7 @@ def test_the_order_never_takes_from_requests_without_hints() -> None:
     """Requests without hints are never protected, so the order can only
     cost them: while their books show a cost, LRU stays (or comes back)."""
     books = EvictionPayoff(capacity=1000)
-    for i in range(100, 106):
-        books.freed(i)
-        books.doom(i)
-    books.hit(range(100, 106), hinted=False)  # the order would have evicted these
+    _doomed_hits(books, 100, 6, hinted=False)  # the order would have evicted these
     assert books.unhinted.cost == 6.0
     _phantom_gains(books, 12)  # the hinted gain clears on its own ...
     assert books.payoff.clears(4.0) and not books.enforcing  # ... but not at their cost
@@ -468,13 +500,13 @@ def test_the_order_never_takes_from_requests_without_hints() -> None:
     for i in (500, 501):
         fair.freed(i)
     fair.evicted(501, b"young")  # 500, older, survives: saved; 501 a ghost
-    fair.missed([b"young"], hinted=False)
+    fair.book(fair.judge([b"young"], lambda i: None, 0), False, [b"young"])
     assert fair.enforcing  # one block: within ORDER_MARGIN
     for r in range(4):
         for i in (600 + 2 * r, 601 + 2 * r):
             fair.freed(i)
         fair.evicted(601 + 2 * r, b"y%d" % r)
-        fair.missed([b"y%d" % r], hinted=False)
+        fair.book(fair.judge([b"y%d" % r], lambda i: None, 0), False, [b"y%d" % r])
     assert fair.unhinted.cost > 4 and not fair.enforcing
 
 
