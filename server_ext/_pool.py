@@ -81,6 +81,11 @@ ORDER_MARGIN = 4.0
 """Blocks of net gain, recent hits counted, that the books must show for the
 retention's order before it replaces plain LRU (it starts following LRU)."""
 
+ORDER_SIGMAS = 3.0
+"""How far beyond chance, in spreads of the requests' outcomes, the order's
+lead must be before it replaces LRU: the books are looked at after every
+request, and a lead that chance gives now and then must not switch it on."""
+
 DOOM_WALK = 64
 """Queue blocks looked at, past those wanted, to find the blocks the
 retention's order would have evicted in place of protected ones."""
@@ -111,7 +116,7 @@ class EvictionPayoff:
     (``judge``). They go into one ``Payoff``: what the order is worth against
     LRU, whichever is in force. LRU is in force at first; the order takes over
     once its net gain reaches ``ORDER_MARGIN`` blocks beyond chance
-    (``Payoff.clears``: a trade of some requests' whole prompts for others'
+    (``ORDER_SIGMAS``, ``Payoff.clears``: a trade of some requests' whole prompts for others'
     is no gain), and gives way again as soon as its recent costs exceed its
     recent gains. Requests without hints are never protected, so the order
     can only take from them: their own books (``unhinted``) must stay even,
@@ -254,7 +259,7 @@ class EvictionPayoff:
         if self.enforcing:
             self.enforcing = fair and payoff.pays
         else:
-            self.enforcing = fair and payoff.clears(ORDER_MARGIN)
+            self.enforcing = fair and payoff.clears(ORDER_MARGIN, ORDER_SIGMAS)
 
 
 class _Admission(NamedTuple):

@@ -148,14 +148,14 @@ def test_at_its_defaults_the_order_takes_over_from_lru_once_it_would_have_paid(
     server = default_server
     assert wait_metric(server, "agent_hints_order_enforced", 0) == 0
     returns = 0
-    while returns < 8 and not wait_metric(server, "agent_hints_order_enforced", 1, timeout=2):
+    while returns < 16 and not wait_metric(server, "agent_hints_order_enforced", 1, timeout=2):
         session, sid = tokens(1000 + returns), f'v=1, sid="lru-{returns}", gap=30'
         assert complete(server, session, sid) == 0
         flood(server, seed=2000 + returns)
         assert complete(server, session + tokens(3, 64), sid) < PROMPT // 2
         end_session(server, f"lru-{returns}")
         returns += 1
-    assert 1 < returns < 8
+    assert 1 < returns < 16
     assert metric(server, "agent_hints_order_gained_blocks_total") >= returns * PROMPT // 64 // 2
     assert complete(server, tokens(4), 'v=1, sid="second", gap=30') == 0
     flood(server, seed=5)

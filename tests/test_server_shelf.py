@@ -16,7 +16,14 @@ from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock, make_block_hash
 
 from server_ext.__main__ import main as serve_main
 from server_ext._config import ExtensionConfig, ExtensionConfigError
-from server_ext._pool import EvictionPayoff, HoldPort, ShelfPort, allocate_after_room
+from server_ext._pool import (
+    ORDER_MARGIN,
+    ORDER_SIGMAS,
+    EvictionPayoff,
+    HoldPort,
+    ShelfPort,
+    allocate_after_room,
+)
 from server_ext.policy import MAX_ROOM_CALLS, Payoff
 
 N = 12  # block 0 is vLLM's null block: 11 usable
@@ -360,8 +367,8 @@ def test_a_fresh_port_follows_lru_until_the_order_would_have_paid() -> None:
     while not port.enforcing:
         assert not round_trip(10 + 10 * rounds)
         rounds += 1
-    # 5 blocks a request: after 6, the gain clears ORDER_MARGIN + 2 sigmas.
-    assert rounds == 6
+    # 5 blocks a request: after 12, the gain clears ORDER_MARGIN + 3 sigmas.
+    assert rounds == 12
     assert round_trip(200)  # the order in force: set aside
 
 
@@ -440,15 +447,16 @@ def test_payoff_decays_and_starts_trusted() -> None:
 
 def test_a_lead_within_the_spread_of_the_outcomes_does_not_clear() -> None:
     payoff = Payoff(prior=0.0)
-    for _ in range(3):  # requests that gain a whole prompt, and some that lose one
-        payoff.add(gained=20.0)
-        payoff.add(cost=12.0)
-    assert payoff.gained - payoff.cost > 4 and not payoff.clears(4.0)
+    for _ in range(5):  # requests that gain a whole prompt, and some that lose one
+        payoff.add(gained=30.0)
+        payoff.add(cost=20.0)
+    assert payoff.gained - payoff.cost > ORDER_MARGIN
+    assert not payoff.clears(ORDER_MARGIN, ORDER_SIGMAS)
     steady = Payoff(prior=0.0)
-    for _ in range(10):  # a smaller lead that every request shows
+    for _ in range(16):  # a smaller lead that every request shows
         steady.add(gained=3.0, cost=1.0)
     assert steady.gained - steady.cost < payoff.gained - payoff.cost
-    assert steady.clears(4.0)
+    assert steady.clears(ORDER_MARGIN, ORDER_SIGMAS)
 
 
 def _phantom_gains(books: EvictionPayoff, requests: int, first_block: int = 1) -> None:
@@ -481,7 +489,7 @@ def test_a_trade_of_whole_prompts_between_requests_keeps_lru() -> None:
     assert books.payoff.total_gained - books.payoff.total_cost == 1.0
     _phantom_gains(books, 1, first_block=200)
     assert not books.enforcing  # 6 blocks ahead, on a spread of 5-block outcomes
-    _phantom_gains(books, 8, first_block=300)
+    _phantom_gains(books, 12, first_block=300)
     assert books.enforcing
 
 
@@ -491,10 +499,11 @@ def test_the_order_never_takes_from_requests_without_hints() -> None:
     books = EvictionPayoff(capacity=1000)
     _doomed_hits(books, 100, 6, hinted=False)  # the order would have evicted these
     assert books.unhinted.cost == 6.0
-    _phantom_gains(books, 12)  # the hinted gain clears on its own ...
-    assert books.payoff.clears(4.0) and not books.enforcing  # ... but not at their cost
+    _phantom_gains(books, 16)  # the hinted gain clears on its own ...
+    assert books.payoff.clears(ORDER_MARGIN, ORDER_SIGMAS)
+    assert not books.enforcing  # ... but not at their cost
     fair = EvictionPayoff(capacity=1000)
-    _phantom_gains(fair, 8)
+    _phantom_gains(fair, 12)
     assert fair.enforcing
     fair.doomed.clear()  # the order in force: a ghost an unhinted request misses
     for i in (500, 501):

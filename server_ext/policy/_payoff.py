@@ -60,7 +60,7 @@ class Payoff:
         """Whether recent gains cover recent costs."""
         return self.gained >= self.cost
 
-    def clears(self, margin: float, sigmas: float = 2.0) -> bool:
+    def clears(self, margin: float, sigmas: float) -> bool:
         """Whether recent gains lead recent costs by ``margin`` and by more
         than chance would: ``sigmas`` times the outcomes' spread."""
         return self.gained - self.cost >= margin + sigmas * math.sqrt(self.spread)
