@@ -87,8 +87,9 @@ lead must be before it replaces LRU: the books are looked at after every
 request, and a lead that chance gives now and then must not switch it on."""
 
 DOOM_WALK = 64
-"""Queue blocks looked at, past those wanted, to find the blocks the
-retention's order would have evicted in place of protected ones."""
+"""Queue blocks looked at, past those wanted and those already doomed, to
+find the blocks the retention's order would have evicted in place of
+protected ones."""
 
 
 class EvictionPayoff:
@@ -427,6 +428,8 @@ class ShelfPort:
         self._queue.prepend_n(chosen)
         fresh = self._get_new(num_blocks)
         self._reused.difference_update(b.block_id for b in fresh)
+        if not self.enforcing:
+            self._doom()
         return fresh
 
     def _revoke(self, block_id: int) -> bool:
@@ -465,7 +468,6 @@ class ShelfPort:
                 chosen.append(block)
             block = following
         if not enforcing:
-            self._doom(block, sum(b.block_id in self._protected for b in chosen))
             return chosen
         for _ in range(MAX_ROOM_CALLS):
             if len(chosen) >= n or not self._kept or not self.on_short(n - len(chosen)):
@@ -478,17 +480,26 @@ class ShelfPort:
             chosen.append(self._kept.pop(next(iter(self._kept))))
         return chosen
 
-    def _doom(self, block: KVCacheBlock | None, count: int) -> None:
-        """LRU in force took ``count`` protected blocks: the retention's order
-        would have taken as many unprotected ones from ``block`` on instead."""
+    def _doom(self) -> None:
+        """LRU in force: for each block only the retention's order still has
+        (a phantom), it would have evicted another, unprotected one; the
+        next ones in LRU order are those (``doomed``). One that leaves the
+        free queue (evicted by LRU too, or reused) is replaced by the next,
+        as the order would then have evicted that one as well."""
+        accounting = self.accounting
+        count = len(accounting.phantoms) - len(accounting.doomed)
+        block = self._queue.fake_free_list_head.next_free_block
         tail = self._queue.fake_free_list_tail
-        doomed = self.accounting.doomed
-        for _ in range(count + DOOM_WALK if count else 0):
+        for _ in range(count + len(accounting.doomed) + DOOM_WALK if count > 0 else 0):
             if count == 0 or block is None or block is tail:
                 return
             i = block.block_id
-            if block.block_hash is not None and i not in self._protected and i not in doomed:
-                self.accounting.doom(i)
+            if (
+                block.block_hash is not None
+                and i not in self._protected
+                and i not in accounting.doomed
+            ):
+                accounting.doom(i)
                 count -= 1
             block = block.next_free_block
 

@@ -416,6 +416,24 @@ def test_lru_in_force_counts_a_hit_the_order_would_have_lost() -> None:
     assert port.payoff.cost == 1.0 and port.payoff.gained == 0.0
 
 
+def test_lru_in_force_books_the_order_losing_a_block_for_as_long_as_it_keeps_one() -> None:
+    """The order would have kept the protected block LRU evicted by evicting
+    the next unprotected one instead; once LRU evicts that one too, the order
+    would have had to evict the one after it: the cost moves on with the
+    phantom rather than vanish."""
+    pool = _pool()
+    port = ShelfPort(pool)
+    kept = _compute(pool, [10])
+    port.hold([kept[0].block_id])
+    _finish(pool, kept)
+    pool.free_blocks(_compute(pool, list(range(20, 20 + N - 2))))  # LRU order: 10, 20, 21, ...
+    pool.get_new_blocks(1)  # LRU evicts the protected 10; the order would have evicted 20
+    pool.get_new_blocks(1)  # LRU evicts 20 as well; the order would have evicted 21 by now
+    assert _cached(pool, 21)
+    _request(port, pool, [21])
+    assert port.payoff.cost == 1.0 and port.payoff.gained == 0.0
+
+
 def test_a_protection_of_a_reused_block_outlives_the_release_of_the_one_revoked() -> None:
     pool = _pool()
     port = ShelfPort(pool)  # LRU in force: the allocation takes the protected block
