@@ -299,7 +299,9 @@ class ShelfPort:
     no longer protected, and ``_revoked`` counts the releases of it still to
     come (ignored, so a later protection of the reused block stands);
     ``_reused`` holds the blocks a request touched (hit) since they were
-    last allocated.
+    last allocated; ``_admitting`` is the request the scheduler considered
+    last (``admit``), until it allocates it (``admitted``): vLLM allocates a
+    request right after asking the connector about it, or passes over it.
     """
 
     def __init__(self, pool: BlockPool, enforce: bool | None = None) -> None:
