@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import statistics
 import subprocess
 import sys
@@ -146,11 +147,16 @@ def rotated(configs: Sequence[Config], repeat: int) -> list[Config]:
 @contextlib.contextmanager
 def busy_neighbour(active: bool, limit_s: float) -> Iterator[None]:
     """While the block runs (if ``active``), one process keeps a core busy; it
-    stops when the block exits, and by itself after ``limit_s`` at the latest."""
+    stops when the block exits, and by itself after ``limit_s`` at the latest
+    or as soon as this process is gone (killed before it could stop it)."""
     if not active:
         yield
         return
-    code = f"import time\nend = time.monotonic() + {limit_s}\nwhile time.monotonic() < end: pass"
+    code = (
+        "import os, time\n"
+        f"parent, end = {os.getpid()}, time.monotonic() + {limit_s}\n"
+        "while time.monotonic() < end and os.getppid() == parent: pass"
+    )
     process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     try:
         yield

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,34 @@ def test_the_neighbour_burns_a_core_only_inside_its_block() -> None:
     assert children.children_user <= after.children_user
     with busy_neighbour(False, limit_s=30.0):
         pass
+
+
+def test_the_neighbour_stops_when_the_suite_is_killed() -> None:
+    code = (
+        "import time\n"
+        "from benchmarks._suite import busy_neighbour\n"
+        "with busy_neighbour(True, limit_s=60.0):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    suite = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert suite.stdout is not None and suite.stdout.readline().strip() == "ready"
+    children = Path(f"/proc/{suite.pid}/task/{suite.pid}/children").read_text().split()
+    [neighbour] = [int(pid) for pid in children]
+    suite.kill()
+    suite.wait()
+    deadline = time.monotonic() + 10.0
+    while _running(neighbour) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(neighbour)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
 
 
 def _summary(
