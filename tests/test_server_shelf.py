@@ -70,6 +70,16 @@ def _request(port: ShelfPort, pool: BlockPool, hashes: Sequence[int], hinted: bo
     port.admitted("request")
 
 
+def _protect_oldest_and_allocate(port: ShelfPort, pool: BlockPool) -> None:
+    """Block 10, protected, is the oldest free block, then 20, 21, ... in LRU
+    order; one allocation takes one block: 10 with LRU in force, else 20."""
+    chain = _compute(pool, [10])
+    port.hold([chain[0].block_id])
+    _finish(pool, chain)
+    pool.free_blocks(_compute(pool, list(range(20, 20 + N - 2))))
+    pool.get_new_blocks(1)
+
+
 def test_protected_blocks_stay_free_and_outlive_younger_unprotected_ones() -> None:
     pool = _pool()
     port = ShelfPort(pool, enforce=True)
@@ -273,12 +283,7 @@ def test_a_hit_lru_would_have_missed_is_a_gain() -> None:
 def test_a_miss_on_a_block_lru_would_have_kept_is_a_cost() -> None:
     pool = _pool()
     port = ShelfPort(pool, enforce=True)
-    chain = _compute(pool, [10])
-    port.hold([chain[0].block_id])
-    _finish(pool, chain)
-    young = _compute(pool, list(range(20, 20 + N - 2)))
-    pool.free_blocks(young)  # 20 first in LRU order
-    pool.get_new_blocks(1)  # evicts block 20 in place of the older, shelved 10
+    _protect_oldest_and_allocate(port, pool)  # evicts 20 in place of the older, shelved 10
     assert not _cached(pool, 20) and _cached(pool, 21)
     # A request for 20, 21, 22: LRU would have served all three; the cache
     # holds 21 and 22 but serves none past the missing head block.
@@ -291,11 +296,7 @@ def test_a_miss_on_a_block_lru_would_have_kept_is_a_cost() -> None:
 def test_a_request_is_booked_once_when_admitted_however_often_it_was_considered() -> None:
     pool = _pool()
     port = ShelfPort(pool, enforce=True)
-    chain = _compute(pool, [10])
-    port.hold([chain[0].block_id])
-    _finish(pool, chain)
-    pool.free_blocks(_compute(pool, list(range(20, 20 + N - 2))))
-    pool.get_new_blocks(1)  # evicts 20 in place of the older, protected 10
+    _protect_oldest_and_allocate(port, pool)  # evicts 20 in place of the older, protected 10
     for _ in range(3):  # considered each step, not admitted (no room, say)
         port.admit("a", True, [_hash(20)], 0)
     port.admit("b", True, [_hash(21)], 1)
@@ -390,12 +391,7 @@ def test_the_order_gives_way_to_lru_when_it_costs_more_than_it_gains() -> None:
     pool = _pool()
     port = ShelfPort(pool)
     port.accounting.enforcing = True  # as if it had paid so far
-    kept = _compute(pool, [10])
-    port.hold([kept[0].block_id])
-    _finish(pool, kept)
-    young = _compute(pool, list(range(20, 20 + N - 2)))
-    pool.free_blocks(young)  # 20 first in LRU order
-    pool.get_new_blocks(1)  # evicts 20 in place of the older, protected 10
+    _protect_oldest_and_allocate(port, pool)  # evicts 20 in place of the older, protected 10
     _request(port, pool, [20])  # ... which the next request needed
     assert port.payoff.cost == 1.0 and not port.enforcing
     pool.get_new_blocks(1)  # LRU again: the protected block goes in its turn
@@ -405,12 +401,7 @@ def test_the_order_gives_way_to_lru_when_it_costs_more_than_it_gains() -> None:
 def test_lru_in_force_counts_a_hit_the_order_would_have_lost() -> None:
     pool = _pool()
     port = ShelfPort(pool)
-    kept = _compute(pool, [10])
-    port.hold([kept[0].block_id])
-    _finish(pool, kept)
-    young = _compute(pool, list(range(20, 20 + N - 2)))
-    pool.free_blocks(young)
-    pool.get_new_blocks(1)  # LRU evicts 10; the order would have evicted 20
+    _protect_oldest_and_allocate(port, pool)  # LRU evicts 10; the order would have evicted 20
     assert not _cached(pool, 10) and _cached(pool, 20)
     _request(port, pool, [20])
     assert port.payoff.cost == 1.0 and port.payoff.gained == 0.0
@@ -423,11 +414,7 @@ def test_lru_in_force_books_the_order_losing_a_block_for_as_long_as_it_keeps_one
     phantom rather than vanish."""
     pool = _pool()
     port = ShelfPort(pool)
-    kept = _compute(pool, [10])
-    port.hold([kept[0].block_id])
-    _finish(pool, kept)
-    pool.free_blocks(_compute(pool, list(range(20, 20 + N - 2))))  # LRU order: 10, 20, 21, ...
-    pool.get_new_blocks(1)  # LRU evicts the protected 10; the order would have evicted 20
+    _protect_oldest_and_allocate(port, pool)  # LRU evicts 10; the order would have evicted 20
     pool.get_new_blocks(1)  # LRU evicts 20 as well; the order would have evicted 21 by now
     assert _cached(pool, 21)
     _request(port, pool, [21])
