@@ -42,7 +42,9 @@ from ._server import ServerPlan, sigterm_as_exit
 from ._spread import format_spread, spread_json
 from ._suite import (
     CONDITIONS,
+    DEFAULT_CONFIGS,
     FAMILIES,
+    NOISE_CONFIG,
     QUICK_FAMILIES,
     SUITE_CONFIGS,
     TTFT_BOUND,
@@ -76,7 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--families", help="comma-separated, of: " + ", ".join(FAMILIES))
     p.add_argument("--conditions", default=",".join(CONDITIONS), help="quiet, noisy or both")
     p.add_argument(
-        "--configs", default=",".join(SUITE_CONFIGS), help="of: plain,extension,unlimited"
+        "--configs",
+        default=",".join(DEFAULT_CONFIGS),
+        help=f"of: {','.join(SUITE_CONFIGS)} (default: {','.join(DEFAULT_CONFIGS)}); "
+        f"{NOISE_CONFIG} runs plain twice per repeat, and the verdict shows plain's "
+        "ratios against itself beside the extension's",
     )
     p.add_argument(
         "--extension-config",
@@ -174,7 +180,10 @@ class _Suite:
                 family: {c: self.spread(family, c) for c in conditions}
                 for family, conditions in self.results.items()
             },
-            "verdict": [{**dataclasses.asdict(c), "passed": c.passed} for c in verdict],
+            "verdict": [
+                {**dataclasses.asdict(c), "passed": c.passed, "within_noise": c.within_noise}
+                for c in verdict
+            ],
             "passed": bool(verdict) and all(c.passed for c in verdict),
         }
         self.args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -351,9 +360,15 @@ def _report(suite: _Suite) -> str:
             value = "-" if c.value is None else f"{c.value:.3f}"
             sign = "<=" if c.at_most else ">="
             mark = "pass" if c.passed else "FAIL"
+            noise = (
+                ""
+                if c.noise is None
+                else f"   plain/plain {c.noise.low:.3f}-{c.noise.high:.3f}"
+                + (" (within)" if c.within_noise else "")
+            )
             lines.append(
                 f"  {mark}  {c.family:<11} {c.condition:<6} {c.what:<38} {value:>7} {sign} "
-                f"{c.bound}"
+                f"{c.bound}{noise}"
             )
     return "\n".join(lines)
 
@@ -389,12 +404,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     suite.save()
     print(_report(suite))
     rows = [
-        (
-            f"{family} / {condition}",
-            suite.spread(family, condition)["ratios"].get("extension / plain", {}),
-        )
+        (f"{family} / {condition}{suffix}", ratios.get(f"{config} / plain", {}))
         for family, conditions in suite.results.items()
         for condition in conditions
+        if (ratios := suite.spread(family, condition)["ratios"])
+        for config, suffix in (("extension", ""), (NOISE_CONFIG, ": plain again"))
+        if f"{config} / plain" in ratios
     ]
     plot = write_ratio_plot(rows, args.out.with_name(args.out.stem + "-ratios.png"), TTFT_BOUND)
     print(f"\nwrote {args.out}\n      {plot}")

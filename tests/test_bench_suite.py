@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks._suite import (
     FAMILIES,
+    NOISE_CONFIG,
     QUICK_FAMILIES,
     SUITE_CONFIGS,
     busy_neighbour,
@@ -123,6 +124,26 @@ def test_the_verdict_is_on_medians_of_each_repeats_ratio() -> None:
     groups = [{"plain": plain, "extension": _summary(0.5, 1.2, 2.0)}]
     unhinted = checks("mixed", "quiet", repeats[:1], groups)[-1]
     assert unhinted.what.startswith("unhinted") and not unhinted.passed
+
+
+def test_plain_run_twice_measures_the_noise_each_ratio_is_read_against() -> None:
+    plain = _summary(0.5, 1.0, 2.0)
+    repeats = [
+        {"plain": plain, "extension": _summary(0.48, 1.0, 2.0), NOISE_CONFIG: again}
+        for again in (_summary(0.45, 1.1, 2.0), _summary(0.52, 0.9, 2.0))
+    ]
+    found = {c.what: c for c in checks("f", "quiet", repeats)}
+    reuse = found["reuse / plain"]
+    assert not reuse.passed and reuse.within_noise  # 0.96: plain alone spans 0.90-1.04
+    assert reuse.noise is not None and (reuse.noise.low, reuse.noise.high) == pytest.approx(
+        (0.9, 1.04)
+    )
+    assert found["TTFT p90 / plain"].within_noise  # 1.0 in 1.0-1.0
+    assert "failed requests" in found and found["failed requests"].noise is None
+    outside = [{**r, "extension": _summary(0.4, 1.0, 2.0)} for r in repeats]
+    assert not {c.what: c for c in checks("f", "quiet", outside)}["reuse / plain"].within_noise
+    alone = [{"plain": plain, "extension": _summary(0.48, 1.0, 2.0)}]
+    assert not {c.what: c for c in checks("f", "quiet", alone)}["reuse / plain"].within_noise
 
 
 @pytest.mark.server
