@@ -110,7 +110,8 @@ class EvictionPayoff:
       protected block LRU evicts is a *phantom* (only the order has it), and
       the next unprotected block in LRU order is *doomed* in its place (the
       order lacks it). A phantom lasts as long as the protection LRU overrode
-      would have (``unprotected``).
+      would have (``unprotected``), and only while a doomed block stands for
+      it (``forgo``: else the order would have had to give it up for room).
 
     Each admitted request is one outcome: how much longer (a gain) or
     shorter (a cost) its cached prefix is in the order's cache than in LRU's
@@ -210,6 +211,15 @@ class EvictionPayoff:
         self.doomed.add(block_id)
         if len(self.doomed) > self.capacity:
             self.doomed.pop()
+
+    def forgo(self, count: int) -> None:
+        """LRU in force: the retention's order could not have kept ``count``
+        of its phantoms (nothing unprotected was left to evict in their
+        place): the oldest go, as if it had released them for room."""
+        for _ in range(min(count, len(self.phantoms))):
+            block_hash, block_id = self.phantoms.popitem(last=False)
+            if self._phantom_of.get(block_id) == block_hash:
+                del self._phantom_of[block_id]
 
     def reused(self, block_id: int) -> None:
         """A request takes the free block ``block_id`` (a hit): it is no longer
@@ -487,13 +497,19 @@ class ShelfPort:
         (a phantom), it would have evicted another, unprotected one; the
         next ones in LRU order are those (``doomed``). One that leaves the
         free queue (evicted by LRU too, or reused) is replaced by the next,
-        as the order would then have evicted that one as well."""
+        as the order would then have evicted that one as well. Where the
+        queue has no such block left, the order would have had to give up
+        protections for room: it keeps no more phantoms than it has doomed
+        blocks (``EvictionPayoff.forgo``)."""
         accounting = self.accounting
         count = len(accounting.phantoms) - len(accounting.doomed)
+        if count <= 0:
+            return
         block = self._queue.fake_free_list_head.next_free_block
         tail = self._queue.fake_free_list_tail
-        for _ in range(count + len(accounting.doomed) + DOOM_WALK if count > 0 else 0):
-            if count == 0 or block is None or block is tail:
+        for _ in range(count + len(accounting.doomed) + DOOM_WALK):
+            if block is None or block is tail:
+                accounting.forgo(count)
                 return
             i = block.block_id
             if (
@@ -503,6 +519,8 @@ class ShelfPort:
             ):
                 accounting.doom(i)
                 count -= 1
+                if count == 0:
+                    return
             block = block.next_free_block
 
     def _take_loose(self, n: int) -> list[KVCacheBlock]:

@@ -353,9 +353,11 @@ def test_a_fresh_port_follows_lru_until_the_order_would_have_paid() -> None:
         ids = [b.block_id for b in chain]
         port.hold(ids)
         _finish(pool, chain)  # the oldest: LRU evicts these first
-        _finish(pool, _compute(pool, [base + 100 + i for i in range(3)]))
+        _finish(pool, _compute(pool, [base + 100 + i for i in range(5)]))
         assert port.free_blocks() == N - 1  # LRU in force: everything is free to take
-        pool.get_new_blocks(N - 1 - 3)  # every block but the 3 youngest
+        # Every block but the 5 youngest: the order would have kept the chain
+        # by evicting those 5 instead.
+        pool.get_new_blocks(N - 1 - 5)
         survived = _cached(pool, base)
         _request(port, pool, [base + i for i in range(5)])
         port.release(ids)
@@ -419,6 +421,28 @@ def test_lru_in_force_books_the_order_losing_a_block_for_as_long_as_it_keeps_one
     assert _cached(pool, 21)
     _request(port, pool, [21])
     assert port.payoff.cost == 1.0 and port.payoff.gained == 0.0
+
+
+def test_lru_in_force_credits_the_order_only_with_blocks_it_had_room_to_keep() -> None:
+    """When LRU evicts protected blocks while too few unprotected ones are
+    free to go in their place, the order would have had to release some
+    protections for room: it is credited with no more phantoms than it has
+    blocks doomed in their stead."""
+    pool = _pool()
+    port = ShelfPort(pool)
+    chain = _compute(pool, [10, 11, 12])
+    port.hold([b.block_id for b in chain])
+    _finish(pool, chain)  # freed tail first: 12, 11, 10 are the oldest free blocks
+    running = _compute(pool, list(range(20, 20 + N - 5)))  # a request holds 7 blocks
+    _finish(pool, _compute(pool, [40]))  # one unprotected free block, younger
+    assert pool.get_num_free_blocks() == 4
+    pool.get_new_blocks(3)  # LRU in force: takes the three protected blocks
+    assert port.accounting.doomed == {pool.get_cached_block(_hash(40), [0])[0].block_id}
+    # The order would have kept one of them (the youngest, 10) by evicting 40.
+    assert list(port.accounting.phantoms) == [_hash(10)]
+    _request(port, pool, [10, 11, 12])
+    assert port.payoff.gained == 1.0  # not the 3 a shadow without room would claim
+    _finish(pool, running)
 
 
 def test_a_protection_of_a_reused_block_outlives_the_release_of_the_one_revoked() -> None:
