@@ -10,7 +10,10 @@ family). It prints, per family and condition, the median and range over the
 repeats of each ratio against plain, a pass/fail verdict (reuse at least
 plain's, TTFT mean and p90 at most 1.05x plain's, no failed request, no more
 preemptions than plain; in mixed traffic the unhinted sessions' TTFT too), and
-writes the JSON (``--out``) and a plot of the ratios beside it. ``--quick``: one
+writes the JSON (``--out``) and a plot of the ratios beside it. With
+``--configs plain,extension,plain-again`` each repeat runs plain twice, and each
+verdict line shows plain's ratio against itself (the test bed's noise) beside the
+extension's. ``--quick``: one
 repeat of two families, about 15 minutes on 2 cores. Results are saved after
 every run; ``--resume`` skips the runs a previous invocation saved.
 """
