@@ -86,6 +86,18 @@ ORDER_SIGMAS = 3.0
 lead must be before it replaces LRU: the books are looked at after every
 request, and a lead that chance gives now and then must not switch it on."""
 
+ORDER_BACKOFF = 2.0
+"""A stint of the order in force that ends behind plain LRU (it cost more
+than it gained while in force) multiplies the lead the next stint needs by
+this; one that ends ahead resets it. The books of an order not in force are
+a model, and a model that was wrong once under this workload must be more
+right before it is trusted again: losing stints grow rarer geometrically."""
+
+BACKOFF_MEMORY = 4
+"""Per this many ``Payoff.memory`` spans of booked outcomes (LRU in force
+throughout), a backed-off lead halves again: the books forget, and so does
+the backoff, on a longer scale, as a long-lived server's workload changes."""
+
 DOOM_WALK = 64
 """Queue blocks looked at, past those wanted and those already doomed, to
 find the blocks the retention's order would have evicted in place of
@@ -118,19 +130,23 @@ class EvictionPayoff:
     (``judge``). They go into one ``Payoff``: what the order is worth against
     LRU, whichever is in force. LRU is in force at first; the order takes over
     once its net gain reaches ``ORDER_MARGIN`` blocks beyond chance
-    (``ORDER_SIGMAS``, ``Payoff.clears``: a trade of some requests' whole prompts for others'
-    is no gain), and gives way again as soon as its recent costs exceed its
-    recent gains. Requests without hints are never protected, so the order
-    can only take from them: their own books (``unhinted``) must stay even,
-    ``ORDER_MARGIN`` allowed, or LRU is in force (they must not pay for the
-    sessions that hint). ``fixed`` (True or False) keeps one of them in force
-    whatever the books say.
+    (``ORDER_SIGMAS``, ``Payoff.clears``: a trade of some requests' whole
+    prompts for others' is no gain), and gives way again as soon as its recent
+    costs exceed its recent gains. A stint in force that ended behind LRU
+    (``stint``) raises the lead the next one needs (``backoff``,
+    ``ORDER_BACKOFF``): the shadow that let it in was wrong here once.
+    Requests without hints are never protected, so the order can only take
+    from them: their own books (``unhinted``) must stay even, ``ORDER_MARGIN``
+    allowed, or LRU is in force (they must not pay for the sessions that
+    hint). ``fixed`` (True or False) keeps one of them in force whatever the
+    books say.
 
     Invariants: ``saved`` and ``doomed`` hold block ids of free cached blocks,
     ``ghosts`` and ``phantoms`` block hashes (oldest first), at most
     ``capacity`` each; ``payoff`` and ``unhinted`` count blocks and decay
     together (every outcome is recorded in both, as nothing in ``unhinted``
-    for a hinted request).
+    for a hinted request); ``stint`` is the undecayed net of the current
+    stint in force (0 while LRU is); ``backoff >= 1``.
     """
 
     def __init__(self, capacity: int, fixed: bool | None = None) -> None:
@@ -139,6 +155,9 @@ class EvictionPayoff:
         self.unhinted = Payoff(prior=0.0)
         self.enforcing = bool(fixed)
         self._fixed = fixed
+        self.stint = 0.0
+        self.backoff = 1.0
+        self._since_backoff = 0  # outcomes booked since ``backoff`` last changed
         self._clock = 0  # blocks freed
         self._stamps: dict[int, int] = {}
         self._free: list[tuple[int, int]] = []  # (stamp, block id), lazily pruned
@@ -268,9 +287,21 @@ class EvictionPayoff:
             return
         fair = unhinted.cost <= unhinted.gained + ORDER_MARGIN
         if self.enforcing:
+            self.stint += gained - cost
             self.enforcing = fair and payoff.pays
-        else:
-            self.enforcing = fair and payoff.clears(ORDER_MARGIN, ORDER_SIGMAS)
+            if not self.enforcing:
+                self._set_backoff(self.backoff * ORDER_BACKOFF if self.stint < 0 else 1.0)
+                self.stint = 0.0
+            return
+        self._since_backoff += 1
+        if self._since_backoff >= BACKOFF_MEMORY * payoff.memory:
+            self._set_backoff(max(self.backoff / ORDER_BACKOFF, 1.0))
+        lead = self.backoff
+        self.enforcing = fair and payoff.clears(ORDER_MARGIN * lead, ORDER_SIGMAS * lead)
+
+    def _set_backoff(self, backoff: float) -> None:
+        self.backoff = backoff
+        self._since_backoff = 0
 
 
 class _Admission(NamedTuple):

@@ -203,6 +203,8 @@ _GAUGES = {
     "(scales warm-first admission's window; 0 until timed)",
     "order_enforced": "1 while retention's eviction order is in force, 0 while eviction "
     "follows plain LRU (until the order's books show it pays, and while it costs)",
+    "order_backoff": "How many times the usual lead the order's books must show before it "
+    "is next in force (doubles after a stint in force that lost against LRU)",
     "admission_gated_share": "Share of arrivals on which warm-first admission may hold "
     "prefills back, as its online trial decides (0.5 while it learns)",
     "admission_gated_wait_s": "Recent mean wait for the first token of requests on the "
@@ -803,6 +805,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
                         now[f"admission_{name}_wait_s"] = wait
         if self._shelf is not None:
             now["order_enforced"] = float(self._shelf.enforcing)
+            now["order_backoff"] = self._shelf.accounting.backoff
             now["order_gained_blocks"] = self._shelf.payoff.total_gained
             now["order_cost_blocks"] = self._shelf.payoff.total_cost
         if self._planner is not None:

@@ -8,6 +8,8 @@ gained and cost against plain LRU.
 
 from __future__ import annotations
 
+import copy
+import itertools
 from collections.abc import Sequence
 
 import pytest
@@ -17,6 +19,8 @@ from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock, make_block_hash
 from server_ext.__main__ import main as serve_main
 from server_ext._config import ExtensionConfig, ExtensionConfigError
 from server_ext._pool import (
+    BACKOFF_MEMORY,
+    ORDER_BACKOFF,
     ORDER_MARGIN,
     ORDER_SIGMAS,
     EvictionPayoff,
@@ -509,6 +513,56 @@ def _doomed_hits(books: EvictionPayoff, first_block: int, count: int, hinted: bo
         books.doom(i)
     hashes = [i.to_bytes(8, "big") for i in ids]
     books.book(books.judge(hashes, lambda i: first_block + i, count), hinted, [])
+
+
+def _in_force_outcomes(books: EvictionPayoff, first_block: int, count: int, hit: bool) -> None:
+    """The order in force: ``count`` requests, each for a block it kept by
+    evicting a younger one, then that one (if ``hit``: a hit LRU would have
+    missed), or for the younger one alone (a miss LRU would have served)."""
+    for r in range(count):
+        older, younger = first_block + 2 * r, first_block + 2 * r + 1
+        books.freed(older)
+        books.freed(younger)
+        books.evicted(younger, younger.to_bytes(8, "big"))  # older survives: saved
+        hashes = [i.to_bytes(8, "big") for i in ((older, younger) if hit else (younger,))]
+        kept = older if hit else None
+        worth = books.judge(hashes, lambda i, kept=kept: kept if i == 0 else None, int(hit))
+        books.book(worth, True, hashes[int(hit) :])
+
+
+def _rounds_to_enforce(books: EvictionPayoff, first_block: int) -> int:
+    rounds = 0
+    while not books.enforcing:
+        _phantom_gains(books, 1, first_block=first_block + 5 * rounds)
+        rounds += 1
+    return rounds
+
+
+def test_a_stint_in_force_that_lost_raises_the_lead_the_next_one_needs() -> None:
+    """LRU's books of the order are a model; where the order, once in force,
+    lost against LRU, the model was wrong under this workload: the next stint
+    needs ``ORDER_BACKOFF`` times the lead. A stint that ends ahead resets
+    it, and LRU in force long enough forgets it."""
+    books = EvictionPayoff(capacity=10_000)
+    assert _rounds_to_enforce(books, 1) == 12
+    block = itertools.count(1000, 2)
+    while books.enforcing:  # in force, it loses: misses on blocks it evicted
+        _in_force_outcomes(books, next(block), 1, hit=False)
+    assert books.backoff == ORDER_BACKOFF and books.stint == 0
+    trusting = copy.deepcopy(books)
+    trusting.backoff = 1.0  # what the books alone would say
+    assert _rounds_to_enforce(books, 2000) > _rounds_to_enforce(trusting, 2000) + 12
+
+    _in_force_outcomes(books, 3000, 200, hit=True)  # a stint well ahead ...
+    block = itertools.count(4000, 2)
+    while books.enforcing:  # ... until its recent outcomes turn against it
+        _in_force_outcomes(books, next(block), 1, hit=False)
+    assert books.backoff == 1.0
+
+    books.backoff = 4.0
+    for r in range(BACKOFF_MEMORY * int(books.payoff.memory)):
+        _doomed_hits(books, 10_000 + r, 1, hinted=True)  # LRU keeps what the order loses
+    assert books.backoff == 2.0 and not books.enforcing
 
 
 def test_a_trade_of_whole_prompts_between_requests_keeps_lru() -> None:
