@@ -174,7 +174,12 @@ class BlockPort(Protocol):
     allocation evicts, else they keep their place in LRU order;
     ``free_blocks`` counts blocks an allocation may take without touching a
     held or running one (cached but unreferenced blocks included).
+    ``releases_for_room``: an allocation short of free blocks asks the
+    retention to release some (``EngineRetention.make_room``, in its victim
+    order); else it takes protected blocks in the pool's own order.
     """
+
+    releases_for_room: bool
 
     def hold(self, block_ids: Sequence[int]) -> None: ...
 
@@ -399,6 +404,8 @@ class EngineRetention:
         short = uncached_blocks - self._pool.free_blocks()
         if short <= 0:
             return False
+        if not self._pool.releases_for_room:
+            return True  # the blocks it lacks would be taken from retentions, any of them
         due = self._warmup_due(warmup, key, now)
         return due is None or short > self.policy.releasable_for(due, now, key, short + 1)
 

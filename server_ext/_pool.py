@@ -14,8 +14,9 @@ the engine-side retention (``_engine.EngineRetention``) drives it through the
   aside instead of evicting it. vLLM counts them as free, so no allocation,
   admission or preemption decision differs from plain vLLM's; only which free
   block an allocation evicts does. When nothing unprotected is left, the
-  allocation asks the retention to give blocks up (its victim order). It
-  keeps the books of what this order gains and costs against plain LRU
+  allocation takes the set-aside blocks in LRU order, as plain vLLM would:
+  the order only picks among blocks it can spare, the one choice its books
+  can judge. It keeps the books of what this order gains and costs against plain LRU
   (``EvictionPayoff``) and applies it only while it pays: until then, and
   whenever it stops paying, eviction is plain LRU's.
 - ``HoldPort`` takes a block reference per retained block (the pool never
@@ -26,6 +27,7 @@ the engine-side retention (``_engine.EngineRetention``) drives it through the
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -44,6 +46,8 @@ _T = TypeVar("_T")
 
 class HoldPort:
     """``BlockPort`` over vLLM's ``BlockPool``: hold = touch, release = free."""
+
+    releases_for_room = True
 
     def __init__(self, pool: BlockPool) -> None:
         self._pool = pool
@@ -304,6 +308,11 @@ class EvictionPayoff:
         self._since_backoff = 0
 
 
+def _take(shelf: dict[int, KVCacheBlock], n: int) -> list[KVCacheBlock]:
+    """Up to ``n`` blocks off ``shelf``, oldest (first inserted) first."""
+    return [shelf.pop(i) for i in list(itertools.islice(shelf, max(n, 0)))]
+
+
 class _Admission(NamedTuple):
     """A request the scheduler is admitting, and what the order is worth to it."""
 
@@ -328,9 +337,7 @@ class ShelfPort:
     plain LRU order, protected blocks included, and the books count what the
     order would have done instead.
 
-    Installs itself on ``pool`` (instance attributes over its methods); the
-    retention sets ``on_short``, which ``get_new_blocks`` calls with the
-    number of blocks still missing, to release retentions in victim order.
+    Installs itself on ``pool`` (instance attributes over its methods).
 
     Invariants: shelf blocks (``_kept``: protected; ``_loose``: no longer,
     oldest first) are free (``ref_cnt == 0``) and not in the free queue;
@@ -345,6 +352,8 @@ class ShelfPort:
     request right after asking the connector about it, or passes over it.
     """
 
+    releases_for_room = False
+
     def __init__(self, pool: BlockPool, enforce: bool | None = None) -> None:
         from vllm.v1.core.kv_cache_utils import get_block_hash
 
@@ -357,7 +366,6 @@ class ShelfPort:
         self._loose: OrderedDict[int, KVCacheBlock] = OrderedDict()
         self._reused: set[int] = set()  # touched by a request since allocated
         self._admitting: _Admission | None = None
-        self.on_short: Callable[[int], bool] = lambda blocks: False
         self.accounting = EvictionPayoff(pool.num_gpu_blocks, fixed=enforce)
         self._free = pool.free_blocks
         self._touch = pool.touch
@@ -486,22 +494,21 @@ class ShelfPort:
     def _choose(self, n: int) -> list[KVCacheBlock]:
         """Take off the queue and the shelf the blocks an allocation of ``n``
         evicts, but for the queue's leading uncached blocks (they stay first
-        in line): the shelf's loose blocks (the oldest), then the queue's in
-        LRU order. With the retention's order in force, protected ones are set
-        aside, and what is still missing comes from blocks the retention
-        gives up; with LRU's, the shelf's protected blocks go with the loose
-        ones, the queue's in their turn."""
+        in line): the shelf's loose blocks (the oldest), then, with LRU in
+        force, its protected ones and the queue's in LRU order. With the
+        retention's order in force the queue's protected blocks are set aside
+        instead, and only when the queue has no other block left are the
+        shelf's protected ones taken, the oldest first, as LRU takes them."""
         queue = self._queue
         block = queue.fake_free_list_head.next_free_block
         tail = queue.fake_free_list_tail
         while n > 0 and block is not tail and block is not None and block.block_hash is None:
             n -= 1
             block = block.next_free_block
-        chosen = self._take_loose(n)
+        chosen = _take(self._loose, n)
         enforcing = self.enforcing
         if not enforcing:
-            while len(chosen) < n and self._kept:
-                chosen.append(self._kept.pop(next(iter(self._kept))))
+            chosen += _take(self._kept, n - len(chosen))
         while len(chosen) < n and block is not tail and block is not None:
             following = block.next_free_block
             queue.remove(block)
@@ -510,18 +517,7 @@ class ShelfPort:
             else:
                 chosen.append(block)
             block = following
-        if not enforcing:
-            return chosen
-        for _ in range(MAX_ROOM_CALLS):
-            if len(chosen) >= n or not self._kept or not self.on_short(n - len(chosen)):
-                break
-            chosen += self._take_loose(n - len(chosen))
-        # What the retention did not give up (it releases a bounded number of
-        # branches per call, and blocks many of them share) is taken anyway,
-        # the oldest protected blocks first: the pool never fails for it.
-        while len(chosen) < n and self._kept:
-            chosen.append(self._kept.pop(next(iter(self._kept))))
-        return chosen
+        return chosen + _take(self._kept, n - len(chosen))
 
     def _doom(self) -> None:
         """LRU in force: for each block only the retention's order still has
@@ -553,10 +549,6 @@ class ShelfPort:
                 if count == 0:
                     return
             block = block.next_free_block
-
-    def _take_loose(self, n: int) -> list[KVCacheBlock]:
-        """Up to ``n`` loose shelf blocks, oldest first, off the shelf."""
-        return [self._loose.popitem(last=False)[1] for _ in range(min(n, len(self._loose)))]
 
     def admit(self, request_id: str, hinted: bool, block_hashes: Sequence[Any], hit: int) -> None:
         """The scheduler considers ``request_id`` for admission (with hints

@@ -605,9 +605,6 @@ class AgentHintsConnector(KVConnectorBase_V1):
         kv_cache_manager.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
         held = not isinstance(port, ShelfPort)
         if isinstance(port, ShelfPort):
-            # Shelved blocks count as free: an allocation that the free queue
-            # cannot serve takes them, in the retention's victim order.
-            port.on_short = retention.make_room
             self._shelf = port
         scheduler = _binding_scheduler()
         if scheduler is not None:

@@ -89,6 +89,8 @@ def test_zero_disables_and_bad_bounds_are_rejected() -> None:
 class _Pool:
     """A pool with ``free`` unreferenced blocks (holds and releases are not modelled)."""
 
+    releases_for_room = True  # a HoldPort's
+
     def __init__(self, free: int = 0) -> None:
         self.free = free
         self.payoff: Payoff | None = None

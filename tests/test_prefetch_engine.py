@@ -33,6 +33,8 @@ HINTS = AgentHints(sid="s", gap=10.0)
 
 
 class Pool:
+    releases_for_room = True  # a HoldPort's
+
     def __init__(self) -> None:
         self.refs: Counter[int] = Counter()
         self.free = 0
@@ -185,6 +187,23 @@ def test_a_warmup_waits_rather_than_take_a_sooner_branchs_blocks() -> None:
     assert e.defers("w1", 6)  # it would need a block of ``soon``
     pool.free = 6
     assert not e.defers("w1", 6)
+
+
+def test_a_warmup_beside_retention_by_eviction_order_fits_in_unprotected_blocks() -> None:
+    """A ``ShelfPort`` gives no retention's blocks up for room: an allocation
+    short of unprotected ones takes protected blocks in LRU order, whichever
+    branch is due back first, so a warm-up waits for free ones instead."""
+    e, pool, clock = engine()
+    pool.releases_for_room = False
+    assert e.request_added("late", other_params("late", 60.0))
+    e.request_finished("late", [30, 31, 32])
+    run(e, "r1", [1, 2, 3])
+    e.make_room(3)
+    clock.now = 1.0
+    assert e.request_added("w1", params(prefetch=True))
+    pool.free = 2
+    assert not e.defers("w1", 2)
+    assert e.defers("w1", 3)  # a HoldPort could take it from ``late``
 
 
 @dataclass

@@ -104,26 +104,21 @@ def test_protected_blocks_stay_free_and_outlive_younger_unprotected_ones() -> No
     assert pool.get_num_free_blocks() == 3
 
 
-def test_an_allocation_the_queue_cannot_serve_takes_shelved_blocks_in_victim_order() -> None:
+def test_an_allocation_the_queue_cannot_serve_takes_the_oldest_shelved_blocks() -> None:
+    """With nothing unprotected left, the order has no choice its books could
+    judge: the shelf's oldest blocks go, as plain LRU takes them (the older
+    chain's tail first), and the books count no difference."""
     pool = _pool()
     port = ShelfPort(pool, enforce=True)
-    asked: list[int] = []
-
-    def give_up(blocks: int) -> bool:
-        asked.append(blocks)
-        port.release(ids)  # for room: after the blocks the queue has
-        return True
-
-    port.on_short = give_up
-    chain = _compute(pool, [1, 2, 3, 4])
-    ids = [b.block_id for b in chain]
-    port.hold(ids)
-    _finish(pool, chain)
+    older, younger = _compute(pool, [1, 2]), _compute(pool, [3, 4])
+    for chain in (older, younger):
+        port.hold([b.block_id for b in chain])
+        _finish(pool, chain)
     taken = pool.get_new_blocks(N - 1 - 4 + 1)  # one more than the queue has
-    assert asked == [1] and len(taken) == N - 1 - 3
-    # The unprotected blocks went first, then the released chain's tail: the
-    # prefix is what stays cached.
-    assert [_cached(pool, h) for h in (1, 2, 3, 4)] == [True, True, True, False]
+    assert len(taken) == N - 1 - 3 and port.shelved == 3
+    assert [_cached(pool, h) for h in (1, 2, 3, 4)] == [True, False, True, True]
+    _request(port, pool, [1, 2])
+    assert port.payoff.total_gained == port.payoff.total_cost == 0
 
 
 def test_a_released_block_keeps_its_lru_place() -> None:
@@ -177,32 +172,12 @@ def test_an_ended_branch_leaves_a_prefix_another_request_reused_in_its_lru_place
 
 def test_the_pool_never_fails_for_a_retention_that_gives_nothing_back() -> None:
     pool = _pool()
-    port = ShelfPort(pool, enforce=True)  # on_short answers False: nothing to release
+    port = ShelfPort(pool, enforce=True)
     chain = _compute(pool, [1, 2])
     port.hold([b.block_id for b in chain])
     _finish(pool, chain)
     assert len(pool.get_new_blocks(N - 1)) == N - 1
     assert pool.get_num_free_blocks() == 0 and port.shelved == 0
-
-
-def test_one_allocation_asks_the_retention_a_bounded_number_of_times() -> None:
-    """Thousands of retentions sharing a block free it only with the last:
-    each ``on_short`` releases a few and frees nothing. The allocation stops
-    asking after ``MAX_ROOM_CALLS`` and takes the protected blocks itself."""
-    pool = _pool()
-    port = ShelfPort(pool, enforce=True)
-    asked: list[int] = []
-
-    def releases_nothing(blocks: int) -> bool:
-        asked.append(blocks)
-        return True  # it released retentions, but another still holds the blocks
-
-    port.on_short = releases_nothing
-    chain = _compute(pool, [1, 2])
-    port.hold([b.block_id for b in chain])
-    _finish(pool, chain)
-    assert len(pool.get_new_blocks(N - 1)) == N - 1
-    assert len(asked) == MAX_ROOM_CALLS and port.shelved == 0
 
 
 def test_held_references_are_given_back_a_bounded_number_of_times_per_allocation() -> None:

@@ -98,11 +98,10 @@ def wait_metric(server: LocalServer, name: str, at_least: float, timeout: float 
 
 
 def evict(server: LocalServer, seed: int) -> None:
-    """Two unhinted floods: retention releases the session, LRU evicts it."""
-    before = metric(server, "agent_hints_pressure_releases_total")
+    """Two unhinted floods: with nothing unprotected left, the session's
+    retained blocks go too (the caller checks that they came from the tier)."""
     for i in range(2):
         complete(server, tokens(seed + i, FLOOD))
-    assert metric(server, "agent_hints_pressure_releases_total") > before
 
 
 def check_returns_from_tier(server: LocalServer, sid: str, seed: int) -> None:
