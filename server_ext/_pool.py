@@ -97,6 +97,14 @@ this; one that ends ahead resets it. The books of an order not in force are
 a model, and a model that was wrong once under this workload must be more
 right before it is trusted again: losing stints grow rarer geometrically."""
 
+STINT_SIGMAS = 1.0
+"""How far behind LRU, in spreads of its own outcomes (``ORDER_MARGIN``
+added), a stint in force may fall before it gives way, whatever the books
+from before it say: those were the shadow's, a model; the stint's outcomes are
+measured. One request that loses its whole prompt stays within the spread; a
+run of losses does not, and the stint ends before it costs the lead the
+shadow had shown."""
+
 BACKOFF_MEMORY = 4
 """Per this many ``Payoff.memory`` spans of booked outcomes (LRU in force
 throughout), a backed-off lead halves again: the books forget, and so does
@@ -136,8 +144,9 @@ class EvictionPayoff:
     once its net gain reaches ``ORDER_MARGIN`` blocks beyond chance
     (``ORDER_SIGMAS``, ``Payoff.clears``: a trade of some requests' whole
     prompts for others' is no gain), and gives way again as soon as its recent
-    costs exceed its recent gains. A stint in force that ended behind LRU
-    (``stint``) raises the lead the next one needs (``backoff``,
+    costs exceed its recent gains, or its stint in force (``stint``, its own
+    outcomes) trails LRU beyond chance (``STINT_SIGMAS``). A stint that ended
+    behind LRU raises the lead the next one needs (``backoff``,
     ``ORDER_BACKOFF``): the shadow that let it in was wrong here once.
     Requests without hints are never protected, so the order can only take
     from them: their own books (``unhinted``) must stay even, ``ORDER_MARGIN``
@@ -149,8 +158,8 @@ class EvictionPayoff:
     ``ghosts`` and ``phantoms`` block hashes (oldest first), at most
     ``capacity`` each; ``payoff`` and ``unhinted`` count blocks and decay
     together (every outcome is recorded in both, as nothing in ``unhinted``
-    for a hinted request); ``stint`` is the undecayed net of the current
-    stint in force (0 while LRU is); ``backoff >= 1``.
+    for a hinted request); ``stint`` holds the undecayed outcomes of the
+    current stint in force (none while LRU is); ``backoff >= 1``.
     """
 
     def __init__(self, capacity: int, fixed: bool | None = None) -> None:
@@ -159,7 +168,7 @@ class EvictionPayoff:
         self.unhinted = Payoff(prior=0.0)
         self.enforcing = bool(fixed)
         self._fixed = fixed
-        self.stint = 0.0
+        self.stint = _stint()
         self.backoff = 1.0
         self._since_backoff = 0  # outcomes booked since ``backoff`` last changed
         self._clock = 0  # blocks freed
@@ -291,11 +300,13 @@ class EvictionPayoff:
             return
         fair = unhinted.cost <= unhinted.gained + ORDER_MARGIN
         if self.enforcing:
-            self.stint += gained - cost
-            self.enforcing = fair and payoff.pays
+            stint = self.stint
+            stint.add(gained=gained, cost=cost)
+            self.enforcing = fair and payoff.pays and not stint.trails(ORDER_MARGIN, STINT_SIGMAS)
             if not self.enforcing:
-                self._set_backoff(self.backoff * ORDER_BACKOFF if self.stint < 0 else 1.0)
-                self.stint = 0.0
+                behind = stint.cost > stint.gained
+                self._set_backoff(self.backoff * ORDER_BACKOFF if behind else 1.0)
+                self.stint = _stint()
             return
         self._since_backoff += 1
         if self._since_backoff >= BACKOFF_MEMORY * payoff.memory:
@@ -311,6 +322,11 @@ class EvictionPayoff:
 def _take(shelf: dict[int, KVCacheBlock], n: int) -> list[KVCacheBlock]:
     """Up to ``n`` blocks off ``shelf``, oldest (first inserted) first."""
     return [shelf.pop(i) for i in list(itertools.islice(shelf, max(n, 0)))]
+
+
+def _stint() -> Payoff:
+    """The books of one stint in force: every outcome, undecayed."""
+    return Payoff(memory=math.inf, prior=0.0)
 
 
 class _Admission(NamedTuple):

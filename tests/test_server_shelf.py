@@ -513,6 +513,23 @@ def _rounds_to_enforce(books: EvictionPayoff, first_block: int) -> int:
     return rounds
 
 
+def test_a_stint_in_force_gives_way_once_its_own_outcomes_trail_beyond_chance() -> None:
+    """The lead that let the order in was the shadow's; in force, a run of
+    losses ends the stint long before they would have used that lead up, a
+    single lost prompt does not."""
+    books = EvictionPayoff(capacity=10_000)
+    _rounds_to_enforce(books, 1)
+    lead = books.payoff.gained - books.payoff.cost
+    _in_force_outcomes(books, 1000, 1, hit=False)
+    assert books.enforcing  # one lost block: within the spread
+    misses = 1
+    while books.enforcing:
+        _in_force_outcomes(books, 1000 + 2 * misses, 1, hit=False)
+        misses += 1
+    assert misses == 7 and misses < lead / 4
+    assert books.backoff == ORDER_BACKOFF
+
+
 def test_a_stint_in_force_that_lost_raises_the_lead_the_next_one_needs() -> None:
     """LRU's books of the order are a model; where the order, once in force,
     lost against LRU, the model was wrong under this workload: the next stint
@@ -523,7 +540,7 @@ def test_a_stint_in_force_that_lost_raises_the_lead_the_next_one_needs() -> None
     block = itertools.count(1000, 2)
     while books.enforcing:  # in force, it loses: misses on blocks it evicted
         _in_force_outcomes(books, next(block), 1, hit=False)
-    assert books.backoff == ORDER_BACKOFF and books.stint == 0
+    assert books.backoff == ORDER_BACKOFF and books.stint.outcomes == 0
     trusting = copy.deepcopy(books)
     trusting.backoff = 1.0  # what the books alone would say
     assert _rounds_to_enforce(books, 2000) > _rounds_to_enforce(trusting, 2000) + 12

@@ -64,3 +64,7 @@ class Payoff:
         """Whether recent gains lead recent costs by ``margin`` and by more
         than chance would: ``sigmas`` times the outcomes' spread."""
         return self.gained - self.cost >= margin + sigmas * math.sqrt(self.spread)
+
+    def trails(self, margin: float, sigmas: float) -> bool:
+        """Whether recent costs lead recent gains so (``clears`` reversed)."""
+        return self.cost - self.gained >= margin + sigmas * math.sqrt(self.spread)
