@@ -26,7 +26,8 @@ pytestmark = pytest.mark.server
 
 BLOCKS = 48
 SESSION = 1536  # tokens: 24 full blocks
-FLOOD = 1900  # tokens: 30 blocks, so retention must yield to it
+FLOOD = 1900  # tokens: 30 blocks
+TTL_S = 1  # the session's retention, so that the floods evict it
 
 
 @contextmanager
@@ -38,7 +39,7 @@ def tier_server(
         kv_blocks=BLOCKS,
         max_model_len=2048,
         # Retention may hold the whole session, its order in force from the
-        # start, so the flood must release it.
+        # start: the session's blocks leave the device only once it expires.
         extra_config={
             **tier,
             "max_held_fraction": 1.0,
@@ -98,15 +99,18 @@ def wait_metric(server: LocalServer, name: str, at_least: float, timeout: float 
 
 
 def evict(server: LocalServer, seed: int) -> None:
-    """Two unhinted floods: with nothing unprotected left, the session's
-    retained blocks go too (the caller checks that they came from the tier)."""
+    """Two unhinted floods, once the session's retention has expired (its
+    ``ttl``): LRU order takes its blocks with the first flood's (a retained
+    session would keep most of them: the order evicts unprotected blocks
+    first)."""
+    time.sleep(TTL_S + 0.5)
     for i in range(2):
         complete(server, tokens(seed + i, FLOOD))
 
 
 def check_returns_from_tier(server: LocalServer, sid: str, seed: int) -> None:
     session = tokens(seed, SESSION)
-    hints = f'v=1, sid="{sid}", gap=30'
+    hints = f'v=1, sid="{sid}", ttl={TTL_S}'
     moved = metric(server, "agent_hints_tier_bytes_moved_total")
     cold = complete(server, session, hints)
     assert cold.cached == 0
