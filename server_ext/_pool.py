@@ -16,9 +16,9 @@ the engine-side retention (``_engine.EngineRetention``) drives it through the
   block an allocation evicts does. When nothing unprotected is left, the
   allocation takes the set-aside blocks in LRU order, as plain vLLM would:
   the order only picks among blocks it can spare, the one choice its books
-  can judge. It keeps the books of what this order gains and costs against plain LRU
-  (``EvictionPayoff``) and applies it only while it pays: until then, and
-  whenever it stops paying, eviction is plain LRU's.
+  can judge. It keeps the books of what this order gains and costs against
+  plain LRU (``EvictionPayoff``) and applies it only while it pays: until
+  then, and whenever it stops paying, eviction is plain LRU's.
 - ``HoldPort`` takes a block reference per retained block (the pool never
   evicts it); the connector must then give references back before vLLM would
   preempt (``KVCacheManager.allocate_slots`` wrapped).

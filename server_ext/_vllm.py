@@ -603,7 +603,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
             return reset()
 
         kv_cache_manager.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
-        held = not isinstance(port, ShelfPort)
+        releases_for_room = port.releases_for_room
         if isinstance(port, ShelfPort):
             self._shelf = port
         scheduler = _binding_scheduler()
@@ -615,7 +615,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
 
         def allocate_slots(request: Request, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
             blocks = allocate(request, num_new_tokens, *args, **kw)
-            if blocks is None and held:
+            if blocks is None and releases_for_room:
                 # Soft retention: before the scheduler preempts or defers anything,
                 # give back held blocks, furthest expected return first.
                 needed = -(-num_new_tokens // block_size)
