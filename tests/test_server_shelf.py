@@ -170,7 +170,7 @@ def test_an_ended_branch_leaves_a_prefix_another_request_reused_in_its_lru_place
     assert [_cached(pool, h) for h in (1, 3)] == [True, False]  # LRU: 3 before 1
 
 
-def test_the_pool_never_fails_for_a_retention_that_gives_nothing_back() -> None:
+def test_the_pool_never_fails_while_every_free_block_is_protected() -> None:
     pool = _pool()
     port = ShelfPort(pool, enforce=True)
     chain = _compute(pool, [1, 2])
@@ -520,11 +520,12 @@ def test_a_stint_in_force_gives_way_once_its_own_outcomes_trail_beyond_chance() 
     books = EvictionPayoff(capacity=10_000)
     _rounds_to_enforce(books, 1)
     lead = books.payoff.gained - books.payoff.cost
-    _in_force_outcomes(books, 1000, 1, hit=False)
+    block = itertools.count(1000, 2)
+    _in_force_outcomes(books, next(block), 1, hit=False)
     assert books.enforcing  # one lost block: within the spread
     misses = 1
     while books.enforcing:
-        _in_force_outcomes(books, 1000 + 2 * misses, 1, hit=False)
+        _in_force_outcomes(books, next(block), 1, hit=False)
         misses += 1
     assert misses == 7 and misses < lead / 4
     assert books.backoff == ORDER_BACKOFF
