@@ -44,7 +44,7 @@ class Config:
     description: str
     extension: bool = False
     prefetch: bool = False
-    tier: Literal["host", "mooncake"] | None = None
+    tier: Literal["host", "mooncake", "none"] | None = None  # None: the extension's default
     unlimited: bool = False
 
     @property
@@ -57,8 +57,16 @@ CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (
         Config("plain", "vLLM as shipped"),
-        Config("retention", "+ agent-hints retention (hinted clients)", extension=True),
-        Config("prefetch", "+ prefetch by recompute in tool gaps", extension=True, prefetch=True),
+        Config(
+            "retention", "+ agent-hints retention (hinted clients)", extension=True, tier="none"
+        ),
+        Config(
+            "prefetch",
+            "+ prefetch by recompute in tool gaps",
+            extension=True,
+            prefetch=True,
+            tier="none",
+        ),
         Config("host", "+ host-memory KV tier", extension=True, prefetch=True, tier="host"),
         Config(
             "mooncake", "+ Mooncake Store KV tier", extension=True, prefetch=True, tier="mooncake"
@@ -106,7 +114,9 @@ class ServerPlan:
             "prefetch": config.prefetch,
         }
         if config.tier is not None:
-            extra.update(tier=config.tier, tier_bytes=self.tier_bytes)
+            extra["tier"] = config.tier
+        if config.tier in ("host", "mooncake"):
+            extra["tier_bytes"] = self.tier_bytes
         if config.tier == "mooncake":
             extra.update(mooncake_master=mooncake_master, mooncake_segment_bytes=self.tier_bytes)
         return extra

@@ -75,7 +75,12 @@ AGENT_CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (
         CONFIGS["plain"],
-        Config("hinted", "+ agent-hints extension, defaults, device KV only", extension=True),
+        Config(
+            "hinted",
+            "+ agent-hints extension, defaults but device KV only",
+            extension=True,
+            tier="none",
+        ),
         CONFIGS["prefetch"],
         CONFIGS["host"],
         CONFIGS["mooncake"],

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from ._config import RETENTION_MODES
+from .tier import DEFAULT_TIER, TIER_KINDS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,6 +34,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="retention by eviction order applies only while its books show it pays, plain "
         "LRU otherwise (default: on; --no-order-trial: it always applies)",
+    )
+    serve.add_argument(
+        "--tier",
+        choices=TIER_KINDS,
+        help=f"KV tier below device memory (default: {DEFAULT_TIER}; none: device memory only; "
+        "mooncake: also --kv-transfer-config keys, see docs/tiers.md)",
+    )
+    serve.add_argument(
+        "--tier-bytes", type=int, help="host tier budget per worker, bytes (default: 1 GiB)"
     )
     serve.add_argument("--tenant-header", help="tenant header set by a trusted gateway")
     serve.add_argument(
@@ -121,9 +131,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "defer_lookahead_s",
         "gap_hint_weight",
         "control_rate",
+        "tier_bytes",
     )
     extra: dict[str, object] = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
-    for name in ("retention", "tenant_header", "tenant_header_peers", "gateway_secret_header"):
+    for name in (
+        "retention",
+        "tier",
+        "tenant_header",
+        "tenant_header_peers",
+        "gateway_secret_header",
+    ):
         if getattr(args, name):
             extra[name] = getattr(args, name)
     for flag in (

@@ -47,6 +47,7 @@ import dataclasses
 import logging
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -76,7 +77,7 @@ from ._config import CONNECTOR_NAME, ExtensionConfig
 from ._engine import EngineRetention, control_params, read_control, read_hint_params
 from ._launcher import RESERVED_CPU_ENV
 from ._pool import HoldPort, ShelfPort, allocate_after_room
-from .policy import RetentionPolicy
+from .policy import RetentionPolicy, StepTimer
 from .tier import (
     BlockCodec,
     BlockProgress,
@@ -205,6 +206,8 @@ _GAUGES = {
     "follows plain LRU (until the order's books show it pays, and while it costs)",
     "order_backoff": "How many times the usual lead the order's books must show before it "
     "is next in force (doubles after a stint in force that lost against LRU)",
+    "tier_saving": "1 while the tier saves new blocks, 0 while it stepped back because its "
+    "loads did not pay for the engine time it took (it keeps a small share to find out)",
     "admission_gated_share": "Share of arrivals on which warm-first admission may hold "
     "prefills back, as its online trial decides (0.5 while it learns)",
     "admission_gated_wait_s": "Recent mean wait for the first token of requests on the "
@@ -275,6 +278,10 @@ _COUNTERS = {
     "tier_load_failures": "Planned tier loads that failed (the blocks were recomputed)",
     "tier_save_failures": "KV blocks the tier could not store",
     "tier_shared_blocks": "KV blocks found in the shared store that this engine had not stored",
+    "tier_unsaved": "Full KV blocks of hinted requests not saved while the tier stepped back",
+    "tier_cost_seconds": "Engine step seconds the tier spent saving and loading",
+    "tier_spared_seconds": "Prefill seconds the tier's loads spared (at the engine's timed "
+    "seconds per prefill token)",
 }
 _STATE_COUNTERS = ("ends", "returns", "replacements", "clipped", "rejected")
 """Counters that move, per event or request, with whether the session a client
@@ -354,6 +361,7 @@ class TierWorkerMetadata(KVConnectorWorkerMetadata):
             mine.failed_loads.extend(theirs.failed_loads)
             mine.bytes_saved += theirs.bytes_saved
             mine.bytes_loaded += theirs.bytes_loaded
+            mine.seconds = max(mine.seconds, theirs.seconds)  # ranks move bytes in parallel
         return self
 
 
@@ -505,6 +513,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         # Tier, scheduler side: the planner and the requests it tracks.
         self._planner: TierPlanner | None = None
         self._tier_requests: dict[str, Request] = {}
+        self._tier_timer = StepTimer()  # the engine's time, for the tier's books
         # Prefetch warm-ups from arrival to finish, paced by ``_pace_warmups``,
         # and the steps a running one sat out.
         self._warmups: dict[str, Request] = {}
@@ -719,6 +728,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
             return AgentHintsMetadata()
         manager = self._kv_cache_manager
         try:
+            timer, busy = self._tier_timer, self._tier_timer.busy_s
+            timer.step(time.monotonic(), scheduler_output.num_scheduled_tokens)
+            self._planner.engine_step(timer.busy_s - busy, timer.seconds_per_token)
             progress = [
                 BlockProgress(
                     req_id,
@@ -754,7 +766,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         if self._planner is not None and isinstance(meta, TierWorkerMetadata):
             r = meta.report
             self._planner.worker_report(
-                r.failed_saves, r.failed_loads, r.bytes_saved, r.bytes_loaded
+                r.failed_saves, r.failed_loads, r.bytes_saved, r.bytes_loaded, r.seconds
             )
 
     def request_finished(
@@ -809,6 +821,10 @@ class AgentHintsConnector(KVConnectorBase_V1):
             counters = dataclasses.asdict(self._planner.counters)
             now.update({f"tier_{name}": value for name, value in counters.items()})
             now["tier_bytes"] = self._planner.index.bytes_used
+            payoff = self._planner.payoff
+            now["tier_saving"] = float(payoff.saving)
+            now["tier_cost_seconds"] = payoff.cost_s
+            now["tier_spared_seconds"] = payoff.spared_s
         delta = {
             k: (v if k in AgentHintsStats.GAUGES else v - self._reported.get(k, 0))
             for k, v in now.items()

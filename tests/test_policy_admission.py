@@ -217,6 +217,11 @@ def test_the_step_timer_learns_seconds_per_token_from_busy_steps() -> None:
     t.step(20.0, {"d": 1000})  # no time passed
     assert t.seconds_per_token == learned
     assert t.seconds(2000) == pytest.approx(2000 * learned)
+    # Busy time: the intervals after which a request ran on (0.1 + 0.3 s),
+    # not the gaps after which none did (the engine may have idled).
+    assert t.busy_s == pytest.approx(0.4)
+    t.step(20.5, {"d": 1})  # a decode step is busy time too
+    assert t.busy_s == pytest.approx(0.9)
     with pytest.raises(ValueError, match="smoothing"):
         StepTimer(smoothing=0.0)
 

@@ -61,8 +61,9 @@ def _role(extra: dict[str, object]) -> str:
 def test_only_a_tier_makes_the_connector_a_kv_consumer() -> None:
     # A consumer's finished blocks are freed a step late under async scheduling:
     # without a tier nothing is loaded, so nothing should pay for that.
-    assert _role({}) == "kv_producer"
-    assert _role({"max_held_fraction": 0.5}) == "kv_producer"
+    assert _role({"tier": "none"}) == "kv_producer"
+    assert _role({"tier": "none", "max_held_fraction": 0.5}) == "kv_producer"
+    assert _role({}) == "kv_both"  # the default tier: host memory
     assert _role({"tier": "host"}) == "kv_both"
     assert _role({"tier": "mooncake"}) == "kv_both"
     with pytest.raises(TierConfigError, match="'tier'"):

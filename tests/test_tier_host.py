@@ -18,6 +18,7 @@ from server_ext.tier import (
     KVTier,
     TierConfig,
     TierConfigError,
+    TierPayoff,
     TierPlanner,
     TierWorker,
     block_key,
@@ -221,6 +222,51 @@ def test_planner_asks_a_shared_store_once_for_what_its_index_lacks() -> None:
         TierPlanner(KeyIndex(None), "ns", BS, 10, owns_eviction=True, shared=shared)
 
 
+def test_tier_payoff_allows_saves_while_loads_pay_or_within_the_allowance() -> None:
+    books = TierPayoff(explore_share=0.1)
+    assert books.saving  # nothing spent yet
+    books.cost(0.5)
+    assert not books.saving  # spent, nothing spared, no busy time to excuse it
+    books.busy(4.0)
+    assert not books.saving  # 0.1 * 4 s of allowance < 0.5 s
+    books.busy(1.0)
+    assert books.saving  # 0.5 s allowance: the share of busy time it may spend
+    books.cost(1.0)
+    books.spared(1.0)
+    assert books.saving  # 1.5 s spent: 1.0 s spared + 0.5 s allowance
+    books.cost(-5.0)  # nothing goes down
+    assert books.cost_s == 1.5
+    with pytest.raises(ValueError, match="explore_share"):
+        TierPayoff(explore_share=1.5)
+
+
+def test_planner_stops_saving_while_its_loads_do_not_pay() -> None:
+    plan = planner()
+    plan.engine_step(busy_s=1.0, seconds_per_token=0.01)
+    plan.track("r", "t", pin_s=0)
+    ops = plan.step([BlockProgress("r", HASHES[:4], [1, 2, 3, 4], 8)])
+    assert [b for _, b, _ in ops.saves] == [1, 2]
+    # Saving took 0.05 s of a 1 s busy engine: more than its 2% allowance, and
+    # no load has spared anything. The next blocks are left unsaved.
+    plan.worker_report([], [], 200, 0, seconds=0.05)
+    assert not plan.payoff.saving
+    ops = plan.step([BlockProgress("r", HASHES[:4], [1, 2, 3, 4], 16)])
+    assert ops.saves == [] and plan.counters.unsaved == 2
+    plan.finished("r")
+
+    # A returning prefix loads the two saved blocks: 8 tokens of prefill at
+    # 0.01 s spared 0.08 s > 0.05 s spent, so saving resumes.
+    plan.track("s", "t", pin_s=0)
+    assert plan.lookup("s", HASHES[:4], num_tokens=17, num_computed=0) == 2 * BS
+    plan.allocated("s", [5, 6, 7, 8, 9], 2 * BS)
+    assert plan.payoff.saving
+    ops = plan.step([BlockProgress("s", HASHES[:4], [5, 6, 7, 8, 9], 17)])
+    assert [b for _, b in ops.loads] == [5, 6] and [b for _, b, _ in ops.saves] == [7, 8]
+    # A load that failed spared nothing: the books take it back as a cost.
+    plan.worker_report([], [ops.loads[0][0]], 0, 0, seconds=0.0)
+    assert plan.payoff.cost_s == pytest.approx(0.05 + 4 * 0.01)
+
+
 def test_planner_untracked_requests_never_touch_the_tier() -> None:
     plan = planner()
     assert plan.lookup("x", HASHES, 33, 0) == 0
@@ -241,6 +287,20 @@ def test_worker_moves_blocks_and_reports_failures() -> None:
     assert report.bytes_loaded == 2 * loader.codec.block_bytes
     saver.save([], drops=["k1"])
     assert tier.contains(["k1/tp0"]) == 0
+
+
+def test_worker_reports_the_step_time_its_transfers_took() -> None:
+    clock = Clock()
+
+    class SlowTier(HostTier):
+        def put(self, key: str, value: torch.Tensor, pin_s: float = 0.0) -> bool:
+            clock.now += 0.25
+            return super().put(key, value, pin_s)
+
+    worker = TierWorker(SlowTier(None), BlockCodec(kv_caches(), 6), clock=clock)
+    worker.save([("k1", 2, 0.0), ("k2", 3, 0.0)], drops=[])
+    report = worker.take_report()
+    assert report is not None and report.seconds == pytest.approx(0.5)
 
 
 class BrokenTier:
@@ -356,7 +416,11 @@ def test_a_worker_connects_its_tier_before_the_first_step() -> None:
 
 
 def test_tier_config() -> None:
-    assert TierConfig.from_mapping({}) is None
+    default = TierConfig.from_mapping({})  # a host tier unless told otherwise
+    assert default is not None and (default.kind, default.budget_bytes) == ("host", 1 << 30)
+    assert TierConfig.from_mapping({"tier": "none"}) is None
+    with pytest.raises(TierConfigError, match="'host' or 'mooncake' or 'none'"):
+        TierConfig.from_mapping({"tier": None})
     config = TierConfig.from_mapping({"tier": "host", "tier_bytes": 1 << 20})
     assert config is not None and config.budget_bytes == 1 << 20
     for bad in ({"tier": "disk"}, {"tier": "host", "tier_bytes": 0},

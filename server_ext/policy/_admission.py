@@ -58,15 +58,20 @@ class StepTimer:
     at least ``_MIN_TIMED_TOKENS`` and one of its requests is scheduled again
     in the next: otherwise the engine may have idled in between.
 
+    ``busy_s`` adds up every interval between two steps that share a request,
+    whatever their size: the time the engine spent running steps.
+
     Invariants: ``seconds_per_token`` is None until a step was timed, then an
     exponential average (weight ``smoothing`` per step) of the timed steps;
     ``_last`` is the previous step if it carried at least ``_MIN_TIMED_TOKENS``,
-    else None.
+    else None; ``_previous`` is the previous step's start and requests.
     """
 
     smoothing: float = 0.2
     seconds_per_token: float | None = None
+    busy_s: float = 0.0
     _last: tuple[float, int, frozenset[str]] | None = field(default=None, init=False, repr=False)
+    _previous: tuple[float, Mapping[str, int]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.smoothing <= 1:
@@ -74,6 +79,12 @@ class StepTimer:
 
     def step(self, now: float, scheduled: Mapping[str, int]) -> None:
         """A step was filled at ``now`` with ``scheduled`` (tokens per request)."""
+        if self._previous is not None:
+            started, requests = self._previous
+            if now > started and not requests.keys().isdisjoint(scheduled):
+                self.busy_s += now - started
+        # The scheduler's mapping is new every step: kept, not copied.
+        self._previous = (now, scheduled) if scheduled else None
         if self._last is not None:
             started, tokens, ids = self._last
             if now > started and not ids.isdisjoint(scheduled):

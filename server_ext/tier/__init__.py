@@ -10,18 +10,22 @@ side plans (``TierPlanner``), the worker side moves bytes (``TierWorker``); only
 """
 
 from ._blocks import BlockCodec
-from ._config import TIER_SECRET_ENV, TierConfig, TierConfigError, kv_role
+from ._config import DEFAULT_TIER, TIER_KINDS, TIER_SECRET_ENV, TierConfig, TierConfigError, kv_role
 from ._guard import GuardedTier
 from ._host import HostTier
 from ._index import KeyIndex
 from ._keys import block_key, checksum, mac, shard_key
 from ._master import MooncakeMaster, MooncakeUnavailable, local_mooncake_master
 from ._mooncake import MooncakeTier
+from ._payoff import EXPLORE_SHARE, TierPayoff
 from ._plan import BlockProgress, TierCounters, TierOps, TierPlanner
 from ._protocol import KVTier, TierStats
 from ._worker import TierReport, TierWorker
 
 __all__ = [
+    "DEFAULT_TIER",
+    "EXPLORE_SHARE",
+    "TIER_KINDS",
     "TIER_SECRET_ENV",
     "BlockCodec",
     "BlockProgress",
@@ -36,6 +40,7 @@ __all__ = [
     "TierConfigError",
     "TierCounters",
     "TierOps",
+    "TierPayoff",
     "TierPlanner",
     "TierReport",
     "TierStats",

@@ -41,6 +41,13 @@ class BlockCodec:
         per_layer = first.numel() // num_blocks * first.element_size()
         self.block_bytes = per_layer * len(self._layers)
 
+    def synchronize(self) -> None:
+        """Wait for the work queued on the KV caches' device (a GPU's forward),
+        so that a transfer timed from here is timed alone."""
+        device = self._layers[0].device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     def _kernel_ids(self, block_ids: Sequence[int]) -> torch.Tensor:
         r = self._ratio
         ids = torch.tensor(list(block_ids), dtype=torch.long)

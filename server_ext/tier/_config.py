@@ -8,10 +8,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["TIER_SECRET_ENV", "TierConfig", "TierConfigError", "kv_role"]
+__all__ = [
+    "DEFAULT_TIER",
+    "TIER_KINDS",
+    "TIER_SECRET_ENV",
+    "TierConfig",
+    "TierConfigError",
+    "kv_role",
+]
 
 TIER_SECRET_ENV = "AGENT_HINTS_TIER_SECRET"
 """The deployment's tier secret (the same on every engine sharing a store)."""
+
+TIER_KINDS = ("host", "mooncake", "none")
+"""Values of the ``tier`` key (``none``: device memory only)."""
+
+DEFAULT_TIER = "host"
+"""A host-memory tier unless told otherwise: retention on the device only
+chooses which blocks a full pool loses, a tier adds capacity (what the suite
+measured: device-only retention even with plain LRU, the host tier ahead of it
+on every family), and its books (``TierPayoff``) stop its saves where its loads
+do not pay for them."""
 
 
 class TierConfigError(ValueError):
@@ -56,14 +73,14 @@ class TierConfig:
     def from_mapping(cls, extra: Mapping[str, object] | None) -> TierConfig | None:
         """The tier settings in ``extra`` (keys ``tier``, ``tier_bytes``,
         ``mooncake_master``, ``mooncake_segment_bytes``, ``tier_timeout_s``,
-        ``tier_tenant_fraction``, ``tier_step_budget_s``), or None when no
-        ``tier`` is set."""
+        ``tier_tenant_fraction``, ``tier_step_budget_s``; ``tier`` defaults to
+        ``DEFAULT_TIER``), or None for ``"tier": "none"``."""
         extra = extra or {}
-        kind = extra.get("tier")
-        if kind is None:
+        kind = extra.get("tier", DEFAULT_TIER)
+        if kind not in TIER_KINDS:
+            raise _invalid("tier", kind, " or ".join(repr(k) for k in TIER_KINDS))
+        if kind == "none":
             return None
-        if kind not in ("host", "mooncake"):
-            raise _invalid("tier", kind, "'host' or 'mooncake'")
         master = extra.get("mooncake_master", "127.0.0.1:50051")
         if not isinstance(master, str) or ":" not in master:
             raise _invalid("mooncake_master", master, "'host:port'")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ._index import KeyIndex
 from ._keys import block_key
+from ._payoff import TierPayoff
 
 __all__ = ["BlockProgress", "TierCounters", "TierOps", "TierPlanner"]
 
@@ -63,6 +64,7 @@ class TierCounters:
     shared_blocks: int = 0  # blocks the index lacked and the shared store held
     bytes_saved: int = 0
     bytes_loaded: int = 0
+    unsaved: int = 0  # full blocks not saved because the tier did not pay (``TierPayoff``)
 
 
 @dataclass(slots=True)
@@ -94,6 +96,9 @@ class TierPlanner:
             the blocks it reports join the index.
         secret: the deployment's tier secret, keying every key (``block_key``).
 
+    The planner keeps the tier's books (``payoff``): a step's new blocks are
+    saved only while the tier pays for its own time (``TierPayoff.saving``).
+
     Once ``lookup`` promised vLLM tokens from the tier, the blocks are loaded
     or reported failed, whatever goes wrong in between: a promise that
     ``allocated`` could not plan (or was never told of, because the hook
@@ -124,6 +129,19 @@ class TierPlanner:
         self._tracked: dict[str, _Tracked] = {}
         self._ops = TierOps()
         self.counters = TierCounters()
+        self.payoff = TierPayoff()
+        self._seconds_per_token: float | None = None
+
+    def engine_step(self, busy_s: float, seconds_per_token: float | None) -> None:
+        """The engine ran its last step for ``busy_s`` (0 after an idle gap);
+        a prefill token costs it ``seconds_per_token`` (None: not timed yet)."""
+        self.payoff.busy(busy_s)
+        if seconds_per_token is not None:
+            self._seconds_per_token = seconds_per_token
+
+    def _prefill_seconds(self, blocks: int) -> float:
+        spt = self._seconds_per_token
+        return 0.0 if spt is None else blocks * self._block_size * spt
 
     def track(self, request_id: str, tenant: str, pin_s: float) -> None:
         self._tracked[request_id] = _Tracked(tenant, pin_s)
@@ -183,6 +201,7 @@ class TierPlanner:
             self._ops.failed.extend(block_ids[first : first + loaded])
             return
         self._ops.loads.extend(planned)
+        self.payoff.spared(self._prefill_seconds(loaded))
         entry.saved = max(entry.saved, first + loaded)
         self.counters.hits += loaded
         self.counters.misses += queried - loaded
@@ -206,6 +225,7 @@ class TierPlanner:
 
     def _plan_saves(self, progress: Iterable[BlockProgress], ops: TierOps) -> None:
         saves: dict[str, tuple[int, float]] = {}
+        saving = self.payoff.saving
         for p in progress:
             entry = self._tracked.get(p.request_id)
             if entry is None:
@@ -217,6 +237,10 @@ class TierPlanner:
                 entry.lookup = None
                 ops.failed.extend(p.block_ids[first : first + found])
             full = min(p.computed_tokens // self._block_size, len(p.block_hashes), len(p.block_ids))
+            if not saving:
+                self.counters.unsaved += max(full - entry.saved, 0)
+                entry.saved = max(entry.saved, full)
+                continue
             keys = self._keys(entry, p.block_hashes)
             for i in range(entry.saved, full):
                 key = keys[i]
@@ -242,10 +266,14 @@ class TierPlanner:
         failed_loads: Sequence[str],
         bytes_saved: int,
         bytes_loaded: int,
+        seconds: float = 0.0,
     ) -> None:
-        """What the worker(s) did: keys they could not store or serve leave the
-        index (tensor-parallel workers may each report the same key)."""
+        """What the worker(s) did in ``seconds`` of steps: keys they could not
+        store or serve leave the index (tensor-parallel workers may each report
+        the same key); a failed load is a prefill the books counted as spared
+        and the engine still does."""
         saves, loads = set(failed_saves), set(failed_loads)
+        self.payoff.cost(seconds + self._prefill_seconds(len(loads)))
         self.index.remove(saves | loads)
         self.counters.save_failures += len(saves)
         self.counters.load_failures += len(loads)

@@ -22,12 +22,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class TierReport:
-    """What the worker did since the last report (keys are the planner's keys)."""
+    """What the worker did since the last report (keys are the planner's keys;
+    ``seconds``: of engine steps spent loading and saving)."""
 
     failed_saves: list[str] = field(default_factory=list)
     failed_loads: list[str] = field(default_factory=list)
     bytes_saved: int = 0
     bytes_loaded: int = 0
+    seconds: float = 0.0
 
 
 class TierWorker:
@@ -64,13 +66,19 @@ class TierWorker:
 
     @contextlib.contextmanager
     def _budget(self) -> Iterator[float]:
-        """The deadline of this batch, which a guarded store also waits by."""
-        deadline = self._clock() + self._budget_s
-        if isinstance(self.tier, GuardedTier):
-            with self.tier.deadline(deadline):
+        """The deadline of this batch, which a guarded store also waits by; the
+        batch's time goes into the report (the tier's cost to the step)."""
+        self.codec.synchronize()
+        start = self._clock()
+        deadline = start + self._budget_s
+        try:
+            if isinstance(self.tier, GuardedTier):
+                with self.tier.deadline(deadline):
+                    yield deadline
+            else:
                 yield deadline
-        else:
-            yield deadline
+        finally:
+            self._report.seconds += self._clock() - start
 
     def load(self, loads: Sequence[tuple[str, int]]) -> set[int]:
         """Copy tier -> KV cache; return the block ids that could not be loaded."""
@@ -119,6 +127,12 @@ class TierWorker:
 
     def take_report(self) -> TierReport | None:
         report, self._report = self._report, TierReport()
-        if report.failed_saves or report.failed_loads or report.bytes_saved or report.bytes_loaded:
+        if (
+            report.failed_saves
+            or report.failed_loads
+            or report.bytes_saved
+            or report.bytes_loaded
+            or report.seconds
+        ):
             return report
         return None
