@@ -8,9 +8,10 @@ a fresh vLLM server per configuration, all sessions concurrently, same KV
 capacity:
 
 - ``plain``: vLLM as shipped, the plain ``openai`` client;
-- ``hinted``: the agent-hints extension with its defaults, device KV only, the
-  SDK's hinted client (its ``gap``, ``tool_start``/``tool_end`` with tool
-  names and ETAs, forks, ends);
+- ``hinted``: the agent-hints extension with its defaults (a host-memory KV
+  tier included), the SDK's hinted client (its ``gap``, ``tool_start``/
+  ``tool_end`` with tool names and ETAs, forks, ends);
+- ``device-only``: the same with ``--tier none`` (retention on the device only);
 - ``prefetch``, ``host``, ``mooncake``: plus warm-ups, a host tier, a
   Mooncake Store tier, as in ``benchmarks.replay``;
 - ``unlimited``: plain vLLM with room for every distinct block: the bound.
@@ -75,9 +76,10 @@ AGENT_CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (
         CONFIGS["plain"],
+        Config("hinted", "+ agent-hints extension, defaults (host-memory KV tier)", extension=True),
         Config(
-            "hinted",
-            "+ agent-hints extension, defaults but device KV only",
+            "device-only",
+            "+ agent-hints extension, defaults but device KV only (--tier none)",
             extension=True,
             tier="none",
         ),

@@ -377,13 +377,28 @@ def _tier_identity(params: object, ttl_cap_s: float) -> tuple[str, float] | None
     return read.tenant, min(float(pin), ttl_cap_s)
 
 
-def _check_kv_role(tier: TierConfig | None, transfer: KVTransferConfig) -> None:
-    """A tier loads KV into device blocks: vLLM must know the connector as a
-    consumer, or it may reuse a freed block that a step in flight still writes."""
-    if tier is not None and not transfer.is_kv_consumer:
+def _tier_for_role(
+    extra: Mapping[str, object] | None, transfer: KVTransferConfig
+) -> TierConfig | None:
+    """The tier ``extra`` asks for, if ``transfer``'s role allows one.
+
+    A tier loads KV into device blocks: vLLM must know the connector as a
+    consumer, or it may reuse a freed block that a step in flight still
+    writes. A tier named in ``extra`` without that role is refused; the default
+    tier gives way (a launch written for a connector without one keeps working).
+    """
+    tier = TierConfig.from_mapping(extra)
+    if tier is None or transfer.is_kv_consumer:
+        return tier
+    if "tier" in (extra or {}):
         raise TierConfigError(
             f'kv_role={transfer.kv_role!r}: a tier loads KV, set "kv_role": "kv_both"'
         )
+    logger.warning(
+        'agent-hints: kv_role=%r, so no KV tier ("kv_both" enables the default host tier)',
+        transfer.kv_role,
+    )
+    return None
 
 
 def _check_cpu_reservation() -> None:
@@ -491,7 +506,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
           "kv_connector_extra_config": {"tier": "host", "tier_bytes": 1073741824}}'
 
     (``kv_role`` as ``server_ext.extension_flags`` sets it: ``kv_both`` with a
-    tier, ``kv_producer`` without.)
+    tier, the default, ``kv_producer`` with ``"tier": "none"``.)
     """
 
     def __init__(
@@ -500,9 +515,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config
         self._config = ExtensionConfig.from_mapping(extra)
-        self._tier_config = TierConfig.from_mapping(extra)
+        self._tier_config = _tier_for_role(extra, self._kv_transfer_config)
         self._tier_secret = self._tier_config.secret() if self._tier_config else None
-        _check_kv_role(self._tier_config, self._kv_transfer_config)
         self._total_blocks = int(kv_cache_config.num_blocks)
         self._block_size = int(vllm_config.cache_config.block_size)
         self._step_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)

@@ -51,6 +51,7 @@ def server(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             "max_held_fraction": 0.2,
             "state_metrics": True,
             "max_defer_s": 0,
+            "tier": "none",  # warm-ups recompute; a tier would load instead
         },
         args=["--max-num-batched-tokens", "128"],
         log_dir=tmp_path_factory.mktemp("prefetch-logs"),

@@ -50,6 +50,7 @@ def ext_server(
             "max_tenant_fraction": 1.0,
             "order_trial": False,
             "max_defer_s": 10,
+            "tier": "none",  # retention on the device alone
         },
         env={"VLLM_SERVER_DEV_MODE": "1"},
     ) as server:
@@ -60,8 +61,10 @@ def ext_server(
 def default_server(
     test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalServer]:
-    """The extension at its defaults, with the same KV."""
-    with _server(test_model_dir, tmp_path_factory.mktemp("defaults-logs")) as server:
+    """The extension at its defaults but device memory only, with the same KV."""
+    with _server(
+        test_model_dir, tmp_path_factory.mktemp("defaults-logs"), extra_config={"tier": "none"}
+    ) as server:
         yield server
 
 

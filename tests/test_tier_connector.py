@@ -14,10 +14,10 @@ from server_ext._engine import TENANT_KEY, hint_params
 from server_ext._vllm import (
     AgentHintsConnector,
     TierWorkerMetadata,
-    _check_kv_role,
+    _tier_for_role,
     _tier_identity,
 )
-from server_ext.tier import TierConfig, TierConfigError, TierReport
+from server_ext.tier import TierConfigError, TierReport
 
 
 def test_only_hinted_requests_use_the_tier_with_a_capped_soft_pin() -> None:
@@ -70,13 +70,19 @@ def test_only_a_tier_makes_the_connector_a_kv_consumer() -> None:
         extension_flags({"tier": "disk"})
 
 
-def test_a_tier_without_the_consumer_role_is_refused() -> None:
-    host = TierConfig.from_mapping({"tier": "host"})
-
+def test_a_tier_without_the_consumer_role_is_refused_the_default_gives_way(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     def transfer(role: Literal["kv_producer", "kv_both"]) -> KVTransferConfig:
         return KVTransferConfig(kv_connector="AgentHintsConnector", kv_role=role)
 
     with pytest.raises(TierConfigError, match=r"kv_role='kv_producer'.*kv_both"):
-        _check_kv_role(host, transfer("kv_producer"))
-    _check_kv_role(host, transfer("kv_both"))
-    _check_kv_role(None, transfer("kv_producer"))
+        _tier_for_role({"tier": "host"}, transfer("kv_producer"))
+    assert _tier_for_role({"tier": "host"}, transfer("kv_both")) is not None
+    assert _tier_for_role({"tier": "none"}, transfer("kv_producer")) is None
+    # A launch written before the tier was the default (kv_producer, no tier
+    # key) starts as it did, without a tier, and says why.
+    assert _tier_for_role({}, transfer("kv_producer")) is None
+    assert "no KV tier" in caplog.text
+    default = _tier_for_role({}, transfer("kv_both"))
+    assert default is not None and default.kind == "host"

@@ -56,7 +56,7 @@ def tier_server(
 def host_server(
     test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalServer]:
-    tier = {"tier": "host", "tier_bytes": 64 << 20}
+    tier = {"tier_bytes": 64 << 20}  # the default tier: host memory
     with tier_server(test_model_dir, tmp_path_factory.mktemp("tier-logs"), tier) as server:
         yield server
 
@@ -136,6 +136,11 @@ def check_returns_from_tier(server: LocalServer, sid: str, seed: int) -> None:
     assert loaded.text == device.text == cold.text
     assert after["agent_hints_tier_load_failures_total"] == 0
     assert after["agent_hints_faults_total"] == 0
+    # The tier's books: its transfers took engine time, its loads spared
+    # prefill (timed on this engine's steps), and it is still saving.
+    assert after["agent_hints_tier_cost_seconds_total"] > 0
+    assert after["agent_hints_tier_spared_seconds_total"] > 0
+    assert after["agent_hints_tier_saving"] == 1
 
 
 def end(server: LocalServer, sid: str) -> None:
@@ -247,3 +252,8 @@ def test_a_second_engine_loads_what_the_first_stored_in_mooncake(
     assert moved.text == cold.text == again.text
     assert after["agent_hints_tier_load_failures_total"] == 0
     assert after["agent_hints_faults_total"] == 0
+    # The tier's books: its transfers took engine time, its loads spared
+    # prefill (timed on this engine's steps), and it is still saving.
+    assert after["agent_hints_tier_cost_seconds_total"] > 0
+    assert after["agent_hints_tier_spared_seconds_total"] > 0
+    assert after["agent_hints_tier_saving"] == 1
