@@ -89,6 +89,7 @@ from .tier import (
     TierConfig,
     TierConfigError,
     TierOps,
+    TierPayoff,
     TierPlanner,
     TierReport,
     TierWorker,
@@ -589,6 +590,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
             owns_eviction=self._tier_config.kind == "host",
             shared=shared,
             secret=self._tier_secret,
+            payoff=TierPayoff(trial=self._tier_config.trial),
         )
 
     def _contained(self, what: str) -> None:

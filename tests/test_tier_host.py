@@ -247,24 +247,49 @@ def test_planner_stops_saving_while_its_loads_do_not_pay() -> None:
     ops = plan.step([BlockProgress("r", HASHES[:4], [1, 2, 3, 4], 8)])
     assert [b for _, b, _ in ops.saves] == [1, 2]
     # Saving took 0.05 s of a 1 s busy engine: more than its 2% allowance, and
-    # no load has spared anything. The next blocks are left unsaved.
+    # no load has spared anything. A request that starts now is not saved; one
+    # being saved is saved whole (a prompt the tier holds only in part, past
+    # its first blocks, could not be loaded).
     plan.worker_report([], [], 200, 0, seconds=0.05)
     assert not plan.payoff.saving
-    ops = plan.step([BlockProgress("r", HASHES[:4], [1, 2, 3, 4], 16)])
-    assert ops.saves == [] and plan.counters.unsaved == 2
+    plan.track("q", "t", pin_s=0)
+    ops = plan.step(
+        [
+            BlockProgress("r", HASHES[:4], [1, 2, 3, 4], 16),
+            BlockProgress("q", HASHES[4:6], [5, 6], 8),
+        ]
+    )
+    assert [b for _, b, _ in ops.saves] == [3, 4] and plan.counters.unsaved == 2
     plan.finished("r")
+    plan.finished("q")
 
-    # A returning prefix loads the two saved blocks: 8 tokens of prefill at
-    # 0.01 s spared 0.08 s > 0.05 s spent, so saving resumes.
+    # A returning prefix loads two saved blocks: 8 tokens of prefill at 0.01 s
+    # spared 0.08 s > 0.05 s spent, so saving resumes.
     plan.track("s", "t", pin_s=0)
-    assert plan.lookup("s", HASHES[:4], num_tokens=17, num_computed=0) == 2 * BS
-    plan.allocated("s", [5, 6, 7, 8, 9], 2 * BS)
+    assert plan.lookup("s", HASHES[:4], num_tokens=17, num_computed=8) == 2 * BS
+    plan.allocated("s", [7, 8, 9, 10, 11], 2 * BS)
     assert plan.payoff.saving
-    ops = plan.step([BlockProgress("s", HASHES[:4], [5, 6, 7, 8, 9], 17)])
-    assert [b for _, b in ops.loads] == [5, 6] and [b for _, b, _ in ops.saves] == [7, 8]
+    plan.track("u", "t", pin_s=0)
+    ops = plan.step(
+        [
+            BlockProgress("s", HASHES[:4], [7, 8, 9, 10, 11], 17),
+            BlockProgress("u", HASHES[6:8], [12, 13], 8),
+        ]
+    )
+    assert [b for _, b in ops.loads] == [9, 10] and [b for _, b, _ in ops.saves] == [12, 13]
     # A load that failed spared nothing: the books take it back as a cost.
     plan.worker_report([], [ops.loads[0][0]], 0, 0, seconds=0.0)
     assert plan.payoff.cost_s == pytest.approx(0.05 + 4 * 0.01)
+
+
+def test_planner_with_the_trial_off_always_saves() -> None:
+    plan = TierPlanner(KeyIndex(None), "ns", BS, 10, owns_eviction=True, payoff=TierPayoff(False))
+    plan.worker_report([], [], 0, 0, seconds=100.0)
+    plan.track("r", "t", pin_s=0)
+    assert len(plan.step([BlockProgress("r", HASHES[:2], [1, 2], 8)]).saves) == 2
+    assert TierConfig.from_mapping({"tier_trial": False}).trial is False  # type: ignore[union-attr]
+    with pytest.raises(TierConfigError, match="tier_trial"):
+        TierConfig.from_mapping({"tier_trial": "no"})
 
 
 def test_planner_untracked_requests_never_touch_the_tier() -> None:

@@ -59,6 +59,8 @@ class TierConfig:
         a tenant over it makes room from its own blocks.
     step_budget_s: longest an engine step's loads, and its saves, may wait on
         the tier; loads past it are recomputed, saves past it skipped.
+    trial: save only while the tier's loads pay for its step time
+        (``TierPayoff``); False: always save.
     """
 
     kind: Literal["host", "mooncake"]
@@ -68,12 +70,13 @@ class TierConfig:
     timeout_s: float
     tenant_fraction: float = 0.5
     step_budget_s: float = 0.25
+    trial: bool = True
 
     @classmethod
     def from_mapping(cls, extra: Mapping[str, object] | None) -> TierConfig | None:
         """The tier settings in ``extra`` (keys ``tier``, ``tier_bytes``,
         ``mooncake_master``, ``mooncake_segment_bytes``, ``tier_timeout_s``,
-        ``tier_tenant_fraction``, ``tier_step_budget_s``; ``tier`` defaults to
+        ``tier_tenant_fraction``, ``tier_step_budget_s``, ``tier_trial``; ``tier`` defaults to
         ``DEFAULT_TIER``), or None for ``"tier": "none"``."""
         extra = extra or {}
         kind = extra.get("tier", DEFAULT_TIER)
@@ -92,6 +95,7 @@ class TierConfig:
             timeout_s=float(_number(extra, "tier_timeout_s", 1.0)),
             tenant_fraction=_fraction(extra, "tier_tenant_fraction", 0.5),
             step_budget_s=float(_number(extra, "tier_step_budget_s", 0.25)),
+            trial=_flag(extra, "tier_trial", True),
         )
 
     def secret(self) -> bytes | None:
@@ -110,6 +114,13 @@ class TierConfig:
     @property
     def tenant_budget_bytes(self) -> int:
         return int(self.budget_bytes * self.tenant_fraction)
+
+
+def _flag(extra: Mapping[str, object], name: str, default: bool) -> bool:
+    value = extra.get(name, default)
+    if not isinstance(value, bool):
+        raise _invalid(name, value, "true or false")
+    return value
 
 
 def _fraction(extra: Mapping[str, object], name: str, default: float) -> float:

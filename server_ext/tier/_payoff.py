@@ -24,12 +24,14 @@ class TierPayoff:
     otherwise the tier stops saving and the engine serves as without it
     (loads of what the tier holds go on: each is a prefill spared). As busy
     time grows the allowance returns, so a tier that stepped back keeps
-    saving a little and finds out when its loads start paying again.
+    saving a little and finds out when its loads start paying again. With
+    ``trial`` off the books are kept and the tier always saves.
 
     Invariants: every total is >= 0 and only grows; ``saving`` is
-    ``spared_s + explore_share * busy_s >= cost_s``.
+    ``not trial or spared_s + explore_share * busy_s >= cost_s``.
     """
 
+    trial: bool = True
     explore_share: float = EXPLORE_SHARE
     busy_s: float = 0.0
     cost_s: float = 0.0
@@ -53,5 +55,5 @@ class TierPayoff:
 
     @property
     def saving(self) -> bool:
-        """Whether the tier should save this step's new blocks."""
-        return self.spared_s + self.explore_share * self.busy_s >= self.cost_s
+        """Whether the tier should save the blocks of a request starting now."""
+        return not self.trial or self.spared_s + self.explore_share * self.busy_s >= self.cost_s

@@ -75,6 +75,7 @@ class _Tracked:
     saved: int = 0  # leading blocks already in the tier (or being saved)
     lookup: tuple[int, int, int] | None = None  # (first block, blocks queried, blocks found)
     probed: int = 0  # blocks up to which the shared store was asked
+    saving: bool | None = None  # whether its blocks go to the tier (decided at its first step)
 
 
 class TierPlanner:
@@ -95,9 +96,13 @@ class TierPlanner:
             once per request for the blocks past the index's leading hits;
             the blocks it reports join the index.
         secret: the deployment's tier secret, keying every key (``block_key``).
+        payoff: the tier's books (default: a ``TierPayoff`` on trial).
 
-    The planner keeps the tier's books (``payoff``): a step's new blocks are
-    saved only while the tier pays for its own time (``TierPayoff.saving``).
+    The planner keeps the tier's books (``payoff``): a request's blocks are
+    saved only if the tier paid for its own time when the request was first
+    scheduled (``TierPayoff.saving``). Deciding per request, not per step,
+    keeps what a tier that stepped back still saves loadable: whole prompts,
+    not scattered blocks past a prefix the tier lacks.
 
     Once ``lookup`` promised vLLM tokens from the tier, the blocks are loaded
     or reported failed, whatever goes wrong in between: a promise that
@@ -116,6 +121,7 @@ class TierPlanner:
         owns_eviction: bool,
         shared: Callable[[Sequence[str]], int] | None = None,
         secret: bytes | None = None,
+        payoff: TierPayoff | None = None,
     ) -> None:
         if shared is not None and owns_eviction:
             raise ValueError("a shared store evicts on its own: owns_eviction must be False")
@@ -129,7 +135,7 @@ class TierPlanner:
         self._tracked: dict[str, _Tracked] = {}
         self._ops = TierOps()
         self.counters = TierCounters()
-        self.payoff = TierPayoff()
+        self.payoff = payoff if payoff is not None else TierPayoff()
         self._seconds_per_token: float | None = None
 
     def engine_step(self, busy_s: float, seconds_per_token: float | None) -> None:
@@ -225,7 +231,6 @@ class TierPlanner:
 
     def _plan_saves(self, progress: Iterable[BlockProgress], ops: TierOps) -> None:
         saves: dict[str, tuple[int, float]] = {}
-        saving = self.payoff.saving
         for p in progress:
             entry = self._tracked.get(p.request_id)
             if entry is None:
@@ -237,7 +242,9 @@ class TierPlanner:
                 entry.lookup = None
                 ops.failed.extend(p.block_ids[first : first + found])
             full = min(p.computed_tokens // self._block_size, len(p.block_hashes), len(p.block_ids))
-            if not saving:
+            if entry.saving is None:
+                entry.saving = self.payoff.saving
+            if not entry.saving:
                 self.counters.unsaved += max(full - entry.saved, 0)
                 entry.saved = max(entry.saved, full)
                 continue
