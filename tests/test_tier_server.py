@@ -260,8 +260,3 @@ def test_a_second_engine_loads_what_the_first_stored_in_mooncake(
     assert moved.text == cold.text == again.text
     assert after["agent_hints_tier_load_failures_total"] == 0
     assert after["agent_hints_faults_total"] == 0
-    # The tier's books: its transfers took engine time, its loads spared
-    # prefill (timed on this engine's steps), and it is still saving.
-    assert after["agent_hints_tier_cost_seconds_total"] > 0
-    assert after["agent_hints_tier_spared_seconds_total"] > 0
-    assert after["agent_hints_tier_saving"] == 1
