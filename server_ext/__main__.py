@@ -36,6 +36,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "LRU otherwise (default: on; --no-order-trial: it always applies)",
     )
     serve.add_argument(
+        "--headroom",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="admit a waiting request only where the running ones keep room to finish their "
+        "prompts and write their next block (default: on; --no-headroom: vLLM's admission)",
+    )
+    serve.add_argument(
         "--tier",
         choices=TIER_KINDS,
         help=f"KV tier below device memory (default: {DEFAULT_TIER}; none: device memory only; "
@@ -149,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "state_metrics",
         "admission_trial",
         "order_trial",
+        "headroom",
     ):
         if getattr(args, flag) is not None:
             extra[flag] = getattr(args, flag)

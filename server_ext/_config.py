@@ -104,6 +104,10 @@ class ExtensionConfig:
         gap_hint_weight: How many observed gaps a client's ``gap`` (or a
             tool's ``eta``) counts for against the gaps the server learned;
             raise it for clients whose hints are known to be accurate.
+        headroom: A waiting request is admitted only if the running requests
+            keep room to finish their prompts and write their next block
+            (``server_ext._headroom``): no preemption follows an admission
+            that filled the pool. False: vLLM's own admission.
     """
 
     retention: str = "order"
@@ -124,6 +128,7 @@ class ExtensionConfig:
     defer_lookahead_s: float = _ADMISSION.lookahead_s
     admission_trial: bool = True
     gap_hint_weight: float = _ESTIMATOR.hint_weight
+    headroom: bool = True
 
     @classmethod
     def from_mapping(cls, extra: Mapping[str, object] | None) -> ExtensionConfig:

@@ -25,8 +25,10 @@ here:
   or by held references), and ``KVCacheBlock.block_hash``;
 - ``KVCacheManager.allocate_slots`` (with held references: release them before
   the scheduler would preempt; with warm-ups running: make vLLM preempt them,
-  not a real request) and ``reset_prefix_cache`` (release first), wrapped on
-  the bound instance;
+  not a real request; an admission's ``reserved_blocks``: room for the running
+  requests to grow, ``_headroom``), ``KVCacheManager.get_blocks`` and
+  ``reset_prefix_cache`` (release first), wrapped on the bound instance;
+  ``Request.status`` / ``max_tokens``;
 - the scheduler that binds the KV cache manager (the caller's ``self``, as vLLM
   hands connectors no reference to it): ``Scheduler.running``, whose last entry
   vLLM's FCFS policy preempts, ``Scheduler.policy``, and
@@ -75,6 +77,7 @@ from vllm.v1.request import RequestStatus
 
 from ._config import CONNECTOR_NAME, ExtensionConfig
 from ._engine import EngineRetention, control_params, read_control, read_hint_params
+from ._headroom import Headroom
 from ._launcher import RESERVED_CPU_ENV
 from ._pool import HoldPort, ShelfPort, allocate_after_room
 from .policy import RetentionPolicy, StepTimer
@@ -118,6 +121,9 @@ SUPPORTED_VLLM = (">=0.32", "<0.34")
 
 _PAUSED = 1 << 62
 """Added to a warm-up's ``next_decode_eligible_step`` while it yields."""
+
+_ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+"""A request in these states is being admitted (vLLM's watermark states)."""
 
 
 def _check_version() -> None:
@@ -534,6 +540,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         self._warmups: dict[str, Request] = {}
         self._warmup_yields = 0
         self._guard: WarmupsGoFirst | None = None
+        self._headroom: Headroom | None = None
         # Preemptions of finished requests: real ones, warm-ups.
         self._preemptions = {False: 0, True: 0}
         # Tier, worker side.
@@ -637,9 +644,19 @@ class AgentHintsConnector(KVConnectorBase_V1):
         guard = self._guard
         block_size = self._block_size
         allocate: Callable[..., Any] = kv_cache_manager.allocate_slots
+        headroom = self._headroom = self._make_headroom(kv_cache_manager, scheduler)
 
         def allocate_slots(request: Request, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
+            # Admissions (vLLM's own ``has_scheduled_reqs`` rule: not while
+            # nothing runs) leave the running requests room to grow.
+            running: list[Request] = scheduler.running if scheduler is not None else []
+            admitting = headroom is not None and running and request.status in _ADMITTING
+            if admitting and not args:
+                assert headroom is not None
+                kw["reserved_blocks"] = kw.get("reserved_blocks", 0) + headroom.reserve(running)
             blocks = allocate(request, num_new_tokens, *args, **kw)
+            if blocks is not None and headroom is not None and request.status in _ADMITTING:
+                headroom.admitted(request)
             if blocks is None and releases_for_room:
                 # Soft retention: before the scheduler preempts or defers anything,
                 # give back held blocks, furthest expected return first.
@@ -653,6 +670,16 @@ class AgentHintsConnector(KVConnectorBase_V1):
             return blocks
 
         kv_cache_manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
+
+    def _make_headroom(self, manager: KVCacheManager, scheduler: Any | None) -> Headroom | None:
+        """Admission headroom (``_headroom``), where it is on and can count a
+        request's blocks: one KV cache group, and a scheduler to read."""
+        if not self._config.headroom or scheduler is None:
+            return None
+        if len(self._kv_cache_config.kv_cache_groups) != 1:
+            logger.warning("agent-hints: several KV cache groups; no admission headroom")
+            return None
+        return Headroom(self._block_size, lambda rid: len(manager.get_blocks(rid).blocks[0]))
 
     def has_pending_block_frees(self) -> bool:
         """True while a running warm-up will free blocks soon: vLLM then passes
@@ -730,6 +757,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 self._contained("load planning")
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        if self._headroom is not None:
+            self._headroom.new_step()
         if self._retention is not None:
             scheduled = scheduler_output.num_scheduled_tokens
             self._warmup_yields += sum(

@@ -1,0 +1,79 @@
+"""Admission headroom, on vLLM's own scheduler (in-process, no model).
+
+A request decodes in a pool that another, admitted beside it, would fill: vLLM
+admits the second (its prompt fits the free blocks now), and a few steps later
+the first needs a block and vLLM preempts the second, throwing its prefill
+away. With the extension's headroom the second waits until the first is done,
+and nothing is preempted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from vllm_scheduler import BLOCK, preempted, request, scheduler, step
+
+from server_ext._headroom import Headroom, blocks_to_grow
+
+CONFIGS = {"plain": None, "extension": {}, "no-headroom": {"headroom": False}}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_an_admission_that_fills_the_pool_is_held_back(test_model_dir: Path, config: str) -> None:
+    s = scheduler(test_model_dir, CONFIGS[config])  # 11 usable blocks
+    s.add_request(request("first", 1, prompt_blocks=3, max_tokens=20))
+    step(s)  # its prefill: 3 blocks; its decode needs a 4th, then a 5th
+    s.add_request(request("second", 2, prompt_blocks=7, max_tokens=20))
+    victims = set(preempted(s, 60))
+    assert not s.running and not s.waiting, "every request finishes"
+    if config == "extension":
+        assert victims == set()
+    else:
+        assert victims == {"second"}
+
+
+def test_a_request_needing_the_whole_pool_is_admitted_alone(test_model_dir: Path) -> None:
+    s = scheduler(test_model_dir, {})
+    s.add_request(request("whole", 1, prompt_blocks=10, max_tokens=8))
+    assert step(s) == {"whole": 10 * BLOCK}
+
+
+@dataclass
+class _Running:
+    request_id: str
+    num_prompt_tokens: int
+    num_tokens: int
+    max_tokens: int | None
+
+
+@pytest.mark.parametrize(
+    ("prompt", "tokens", "max_tokens", "allocated", "grow"),
+    [
+        (48, 49, 20, 4, 1),  # decoding: its next block
+        (48, 49, 16, 4, 0),  # ... unless max_tokens ends it inside its blocks
+        (128, 128, 20, 3, 6),  # mid-prefill: the rest of its prompt, then a block
+        (48, 70, None, 5, 1),  # no max_tokens: one block ahead
+        (48, 49, 20, 9, 0),  # holds more than it needs
+    ],
+)
+def test_blocks_to_grow(
+    prompt: int, tokens: int, max_tokens: int | None, allocated: int, grow: int
+) -> None:
+    assert blocks_to_grow(_Running("r", prompt, tokens, max_tokens), allocated, BLOCK) == grow
+
+
+def test_headroom_is_summed_once_a_step_and_grows_with_admissions() -> None:
+    held = {"a": 4, "b": 3}
+    headroom = Headroom(BLOCK, held.__getitem__)
+    running = [_Running("a", 48, 49, 20), _Running("b", 48, 48, 20)]
+    assert headroom.reserve(running) == 1 + 1
+    running.append(_Running("c", 48, 48, 20))
+    assert headroom.reserve(running) == 2, "summed at the step's first admission"
+    held["c"] = 3
+    headroom.admitted(running[-1])
+    assert headroom.reserve(running) == 3
+    headroom.new_step()
+    held["a"] = 5
+    assert headroom.reserve(running) == 2
