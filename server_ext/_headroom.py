@@ -2,16 +2,18 @@
 ones can still grow.
 
 vLLM admits a waiting request when its blocks fit the free pool now. What the
-running requests still need (the rest of a chunked prefill, their next decode
+running requests take next (a chunked prefill's next chunk, the next decode
 block) is not counted, so an admission that fills the pool makes one of them
 preempt another a few steps later, and the victim's computed work is lost.
 Prefixes served from the cache or a tier make admissions bigger (a whole
 prompt's blocks in one step instead of a chunk) and prefills shorter, so more
 requests decode at once in a fuller pool than plain vLLM's. At each admission
-the extension therefore keeps free what every running request needs to finish
-its prompt and write its next ``block_size`` tokens (none past its
-``max_tokens``). With nothing running nothing is kept, so a request that needs
-the whole pool is still admitted once it is alone.
+the extension therefore keeps free what every running request takes in its
+next step of prefill (at most a step's tokens) and its next ``block_size``
+tokens after that, none past its ``max_tokens``. It is checked again at every
+step, so a long prefill is never reserved whole (short requests may still go
+beside it, as in vLLM); with nothing running nothing is kept, so a request
+that needs the whole pool is still admitted once it is alone.
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ class RunningRequest(Protocol):
     def max_tokens(self) -> int | None: ...
 
 
-def blocks_to_grow(request: RunningRequest, allocated: int, block_size: int) -> int:
-    """Blocks ``request`` (holding ``allocated``) takes before it has written
-    ``block_size`` more tokens: the rest of its prompt, then one decode block,
-    never past its prompt plus ``max_tokens``."""
-    reach = request.num_tokens + block_size
+def blocks_to_grow(
+    request: RunningRequest, allocated: int, block_size: int, step_tokens: int
+) -> int:
+    """Blocks ``request`` (holding ``allocated``) takes in its next step of at
+    most ``step_tokens`` prefill tokens and the ``block_size`` tokens after
+    it, never past its prompt plus ``max_tokens``."""
+    reach = min(request.num_tokens, allocated * block_size + step_tokens) + block_size
     if request.max_tokens is not None:
         reach = min(reach, request.num_prompt_tokens + request.max_tokens)
     return max(-(-reach // block_size) - allocated, 0)
@@ -51,11 +55,13 @@ class Headroom:
     Summed over the running requests at the step's first admission (vLLM has
     allocated their blocks for the step by then), then grown by each request
     admitted in the step; ``new_step`` starts over. ``allocated`` gives the
-    blocks a request holds (one KV cache group).
+    blocks a request holds (one KV cache group); ``step_tokens`` is the most
+    tokens a step schedules.
     """
 
-    def __init__(self, block_size: int, allocated: Callable[[str], int]) -> None:
+    def __init__(self, block_size: int, step_tokens: int, allocated: Callable[[str], int]) -> None:
         self._block_size = block_size
+        self._step_tokens = step_tokens
         self._allocated = allocated
         self._reserve: int | None = None
 
@@ -74,4 +80,5 @@ class Headroom:
         self._reserve = None
 
     def _grow(self, request: RunningRequest) -> int:
-        return blocks_to_grow(request, self._allocated(request.request_id), self._block_size)
+        held = self._allocated(request.request_id)
+        return blocks_to_grow(request, held, self._block_size, self._step_tokens)

@@ -35,7 +35,8 @@ here:
   ``has_pending_block_frees`` (True: vLLM passes over a request for a step
   instead of preempting), ``Request.num_preemptions``;
 - ``SchedulerConfig.max_num_batched_tokens`` (a prefill that fits one step is
-  never held back);
+  never held back) and ``long_prefill_token_threshold`` (a step's chunk of a
+  request's prefill: admission headroom);
 - ``EngineClient.notify_kv_transfer_request_rejected``: a pre-aborted request
   that carries control events to the engine with no inference;
 - ``app.state.vllm_config`` / ``app.state.engine_client`` / ``app.state.args``
@@ -650,7 +651,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
             # Admissions (vLLM's own ``has_scheduled_reqs`` rule: not while
             # nothing runs) leave the running requests room to grow.
             running: list[Request] = scheduler.running if scheduler is not None else []
-            admitting = headroom is not None and running and request.status in _ADMITTING
+            admitting = headroom is not None and bool(running) and request.status in _ADMITTING
             if admitting and not args:
                 assert headroom is not None
                 kw["reserved_blocks"] = kw.get("reserved_blocks", 0) + headroom.reserve(running)
@@ -679,7 +680,10 @@ class AgentHintsConnector(KVConnectorBase_V1):
         if len(self._kv_cache_config.kv_cache_groups) != 1:
             logger.warning("agent-hints: several KV cache groups; no admission headroom")
             return None
-        return Headroom(self._block_size, lambda rid: len(manager.get_blocks(rid).blocks[0]))
+        # The most prefill a request gets in one step.
+        threshold = int(self._vllm_config.scheduler_config.long_prefill_token_threshold)
+        chunk = min(self._step_tokens, threshold) if threshold > 0 else self._step_tokens
+        return Headroom(self._block_size, chunk, lambda rid: len(manager.get_blocks(rid).blocks[0]))
 
     def has_pending_block_frees(self) -> bool:
         """True while a running warm-up will free blocks soon: vLLM then passes

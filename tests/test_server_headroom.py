@@ -49,24 +49,26 @@ class _Running:
 
 
 @pytest.mark.parametrize(
-    ("prompt", "tokens", "max_tokens", "allocated", "grow"),
+    ("prompt", "tokens", "max_tokens", "allocated", "step_tokens", "grow"),
     [
-        (48, 49, 20, 4, 1),  # decoding: its next block
-        (48, 49, 16, 4, 0),  # ... unless max_tokens ends it inside its blocks
-        (128, 128, 20, 3, 6),  # mid-prefill: the rest of its prompt, then a block
-        (48, 70, None, 5, 1),  # no max_tokens: one block ahead
-        (48, 49, 20, 9, 0),  # holds more than it needs
+        (48, 49, 20, 4, 256, 1),  # decoding: its next block
+        (48, 49, 16, 4, 256, 0),  # ... unless max_tokens ends it inside its blocks
+        (128, 128, 20, 3, 256, 6),  # mid-prefill: the rest of its prompt, then a block
+        (128, 128, 20, 3, 32, 3),  # a long prefill: its next step's chunk, then a block
+        (48, 70, None, 5, 256, 1),  # no max_tokens: one block ahead
+        (48, 49, 20, 9, 256, 0),  # holds more than it needs
     ],
 )
 def test_blocks_to_grow(
-    prompt: int, tokens: int, max_tokens: int | None, allocated: int, grow: int
+    prompt: int, tokens: int, max_tokens: int | None, allocated: int, step_tokens: int, grow: int
 ) -> None:
-    assert blocks_to_grow(_Running("r", prompt, tokens, max_tokens), allocated, BLOCK) == grow
+    running = _Running("r", prompt, tokens, max_tokens)
+    assert blocks_to_grow(running, allocated, BLOCK, step_tokens) == grow
 
 
 def test_headroom_is_summed_once_a_step_and_grows_with_admissions() -> None:
     held = {"a": 4, "b": 3}
-    headroom = Headroom(BLOCK, held.__getitem__)
+    headroom = Headroom(BLOCK, 256, held.__getitem__)
     running = [_Running("a", 48, 49, 20), _Running("b", 48, 48, 20)]
     assert headroom.reserve(running) == 1 + 1
     running.append(_Running("c", 48, 48, 20))
