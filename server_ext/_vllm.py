@@ -25,8 +25,9 @@ here:
   or by held references), and ``KVCacheBlock.block_hash``;
 - ``KVCacheManager.allocate_slots`` (with held references: release them before
   the scheduler would preempt; with warm-ups running: make vLLM preempt them,
-  not a real request; an admission's ``reserved_blocks``: room for the running
-  requests to grow, ``_headroom``), ``KVCacheManager.get_blocks`` and
+  not a real request; an admission's ``watermark_blocks`` raised for the call:
+  room for the running requests to grow, ``_headroom``),
+  ``KVCacheManager.get_blocks`` and
   ``reset_prefix_cache`` (release first), wrapped on the bound instance;
   ``Request.status`` / ``max_tokens``;
 - the scheduler that binds the KV cache manager (the caller's ``self``, as vLLM
@@ -648,24 +649,34 @@ class AgentHintsConnector(KVConnectorBase_V1):
         headroom = self._headroom = self._make_headroom(kv_cache_manager, scheduler)
 
         def allocate_slots(request: Request, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
-            # Admissions (vLLM's own ``has_scheduled_reqs`` rule: not while
-            # nothing runs) leave the running requests room to grow.
+            reserve = 0
             running: list[Request] = scheduler.running if scheduler is not None else []
-            admitting = headroom is not None and bool(running) and request.status in _ADMITTING
-            if admitting and not args:
-                assert headroom is not None
-                kw["reserved_blocks"] = kw.get("reserved_blocks", 0) + headroom.reserve(running)
-            blocks = allocate(request, num_new_tokens, *args, **kw)
-            if blocks is not None and headroom is not None and request.status in _ADMITTING:
-                headroom.admitted(request)
+            # vLLM's own rule for its watermark: admissions, not while nothing runs.
+            if headroom is not None and running and request.status in _ADMITTING:
+                reserve = headroom.reserve(running)
+
+            def attempt() -> Any:
+                if not reserve:
+                    return allocate(request, num_new_tokens, *args, **kw)
+                # vLLM adds its watermark to an admission's blocks in both of
+                # its checks: the first chunk's and the whole prompt's.
+                base = kv_cache_manager.watermark_blocks
+                kv_cache_manager.watermark_blocks = base + reserve
+                try:
+                    return allocate(request, num_new_tokens, *args, **kw)
+                finally:
+                    kv_cache_manager.watermark_blocks = base
+
+            blocks = attempt()
             if blocks is None and releases_for_room:
                 # Soft retention: before the scheduler preempts or defers anything,
                 # give back held blocks, furthest expected return first.
                 needed = -(-num_new_tokens // block_size)
                 blocks = allocate_after_room(
-                    lambda: allocate(request, num_new_tokens, *args, **kw),
-                    lambda: retention.make_room(needed, request.request_id),
+                    attempt, lambda: retention.make_room(needed, request.request_id)
                 )
+            if blocks is not None and headroom is not None and request.status in _ADMITTING:
+                headroom.admitted(request)
             if blocks is None and guard is not None:
                 guard.short(request)
             return blocks
@@ -679,6 +690,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
             return None
         if len(self._kv_cache_config.kv_cache_groups) != 1:
             logger.warning("agent-hints: several KV cache groups; no admission headroom")
+            return None
+        if not isinstance(getattr(manager, "watermark_blocks", None), int):
+            logger.warning("agent-hints: this vLLM's KV cache has no watermark; no headroom")
             return None
         # The most prefill a request gets in one step.
         threshold = int(self._vllm_config.scheduler_config.long_prefill_token_threshold)

@@ -20,11 +20,18 @@ from server_ext._headroom import Headroom, blocks_to_grow
 CONFIGS = {"plain": None, "extension": {}, "no-headroom": {"headroom": False}}
 
 
+@pytest.mark.parametrize("step_tokens", [256, 2 * BLOCK], ids=["one-step-prefill", "chunked"])
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_an_admission_that_fills_the_pool_is_held_back(test_model_dir: Path, config: str) -> None:
-    s = scheduler(test_model_dir, CONFIGS[config])  # 11 usable blocks
-    s.add_request(request("first", 1, prompt_blocks=3, max_tokens=20))
-    step(s)  # its prefill: 3 blocks; its decode needs a 4th, then a 5th
+def test_an_admission_that_fills_the_pool_is_held_back(
+    test_model_dir: Path, config: str, step_tokens: int
+) -> None:
+    """Chunked, the second's first chunk and the first's next block fit: vLLM
+    checks the second's whole prompt, and the headroom is added to that too."""
+    s = scheduler(test_model_dir, CONFIGS[config], step_tokens=step_tokens)  # 11 usable blocks
+    first = request("first", 1, prompt_blocks=3, max_tokens=20)
+    s.add_request(first)
+    while first.num_output_tokens == 0:
+        step(s)  # its prefill: 3 blocks; its decode needs a 4th, then a 5th
     s.add_request(request("second", 2, prompt_blocks=7, max_tokens=20))
     victims = set(preempted(s, 60))
     assert not s.running and not s.waiting, "every request finishes"
