@@ -79,7 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--repeats", type=int, help="runs of each configuration (default 3; quick: 1)")
     p.add_argument("--families", help="comma-separated, of: " + ", ".join(FAMILIES))
-    p.add_argument("--conditions", default=",".join(CONDITIONS), help="quiet, noisy or both")
+    p.add_argument(
+        "--conditions",
+        default=",".join(CONDITIONS),
+        help="comma-separated, of: quiet, noisy (default: both)",
+    )
     p.add_argument(
         "--configs",
         default=",".join(DEFAULT_CONFIGS),
