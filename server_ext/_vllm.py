@@ -650,9 +650,11 @@ class AgentHintsConnector(KVConnectorBase_V1):
 
         def allocate_slots(request: Request, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
             reserve = 0
+            admitting = headroom is not None and request.status in _ADMITTING
             running: list[Request] = scheduler.running if scheduler is not None else []
             # vLLM's own rule for its watermark: admissions, not while nothing runs.
-            if headroom is not None and running and request.status in _ADMITTING:
+            if admitting and running:
+                assert headroom is not None
                 reserve = headroom.reserve(running)
 
             def attempt() -> Any:
@@ -675,7 +677,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 blocks = allocate_after_room(
                     attempt, lambda: retention.make_room(needed, request.request_id)
                 )
-            if blocks is not None and headroom is not None and request.status in _ADMITTING:
+            if blocks is not None and admitting:
+                assert headroom is not None
                 headroom.admitted(request)
             if blocks is None and guard is not None:
                 guard.short(request)
