@@ -14,6 +14,17 @@ tokens after that, none past its ``max_tokens``. It is checked again at every
 step, so a long prefill is never reserved whole (short requests may still go
 beside it, as in vLLM); with nothing running nothing is kept, so a request
 that needs the whole pool is still admitted once it is alone.
+
+Keeping blocks free holds admissions back, and a held-back request's cached
+prefix waits in the free queue, where the running requests' allocations may
+evict it: where vLLM would not have preempted, the headroom only costs. So it
+is armed by the evidence it exists for: vLLM short of a block for a running
+request (it preempts one) arms it for the next ``ARMED_ADMISSIONS``
+admissions; a shortfall again soon after a window ended (within one more
+window) doubles the next window, up to ``MAX_ARMED_ADMISSIONS``, as the
+workload keeps needing it; a later one starts over. Where the pool never runs
+short, admission is vLLM's own; where it does, each re-arming costs one
+preemption, the price of finding out whether the headroom still pays.
 """
 
 from __future__ import annotations
@@ -21,7 +32,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-__all__ = ["Headroom", "RunningRequest", "blocks_to_grow"]
+__all__ = [
+    "ARMED_ADMISSIONS",
+    "MAX_ARMED_ADMISSIONS",
+    "Headroom",
+    "RunningRequest",
+    "blocks_to_grow",
+]
+
+ARMED_ADMISSIONS = 256
+"""Admissions the headroom stays armed for after vLLM was short of a block for
+a running request."""
+
+MAX_ARMED_ADMISSIONS = 4096
+"""The longest window that shortfalls soon after each other grow it to."""
 
 
 class RunningRequest(Protocol):
@@ -56,7 +80,12 @@ class Headroom:
     allocated their blocks for the step by then), then grown by each request
     admitted in the step; ``new_step`` starts over. ``allocated`` gives the
     blocks a request holds (one KV cache group); ``step_tokens`` is the most
-    tokens a step schedules.
+    tokens a step schedules. Nothing is kept while it is not armed (``short``).
+
+    Invariants: ``armed_for`` (admissions left in the window) is between 0 and
+    ``window``; ``ARMED_ADMISSIONS <= window <= MAX_ARMED_ADMISSIONS``;
+    ``_since`` counts the admissions since the last window ended (None: none
+    ended yet, or one is open).
     """
 
     def __init__(self, block_size: int, step_tokens: int, allocated: Callable[[str], int]) -> None:
@@ -64,20 +93,49 @@ class Headroom:
         self._step_tokens = step_tokens
         self._allocated = allocated
         self._reserve: int | None = None
+        self.armed_for = 0
+        self.window = ARMED_ADMISSIONS
+        self._since: int | None = None
+        self._short_in_step = False
+
+    @property
+    def armed(self) -> bool:
+        return self.armed_for > 0
+
+    def short(self) -> None:
+        """vLLM could not give a running request its blocks (it preempts one):
+        arm for a window of admissions, longer if the last one ended recently.
+        A step's further shortfalls (vLLM preempts until one fits) are one."""
+        if self._short_in_step:
+            return
+        self._short_in_step = True
+        recent = self.armed or (self._since is not None and self._since < self.window)
+        self.window = min(2 * self.window, MAX_ARMED_ADMISSIONS) if recent else ARMED_ADMISSIONS
+        self.armed_for, self._since = self.window, None
 
     def reserve(self, running: Iterable[RunningRequest]) -> int:
         """Blocks to keep free at an admission while ``running`` run."""
+        if not self.armed:
+            return 0
         if self._reserve is None:
             self._reserve = sum(self._grow(r) for r in running)
         return self._reserve
 
     def admitted(self, request: RunningRequest) -> None:
-        """``request`` was admitted this step: later admissions leave it room too."""
+        """``request`` was admitted this step: later admissions leave it room
+        too, and the armed window counts it."""
         if self._reserve is not None:
             self._reserve += self._grow(request)
+        if self.armed:
+            self.armed_for -= 1
+            if not self.armed:
+                self._since = 0
+        elif self._since is not None:
+            self._since += 1
 
     def new_step(self) -> None:
         self._reserve = None
+        self._short_in_step = False
 
     def _grow(self, request: RunningRequest) -> int:
         held = self._allocated(request.request_id)

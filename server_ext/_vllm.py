@@ -26,7 +26,8 @@ here:
 - ``KVCacheManager.allocate_slots`` (with held references: release them before
   the scheduler would preempt; with warm-ups running: make vLLM preempt them,
   not a real request; an admission's ``watermark_blocks`` raised for the call:
-  room for the running requests to grow, ``_headroom``),
+  room for the running requests to grow, ``_headroom``, armed when a running
+  request's call fails),
   ``KVCacheManager.get_blocks`` and
   ``reset_prefix_cache`` (release first), wrapped on the bound instance;
   ``Request.status`` / ``max_tokens``;
@@ -215,6 +216,8 @@ _GAUGES = {
     "follows plain LRU (until the order's books show it pays, and while it costs)",
     "order_backoff": "How many times the usual lead the order's books must show before it "
     "is next in force (doubles after a stint in force that lost against LRU)",
+    "headroom_armed": "1 while admission headroom is armed (for a window of admissions "
+    "after vLLM was last short of a block for a running request), 0 while admission is vLLM's",
     "tier_saving": "1 while the tier saves new blocks, 0 while it stepped back because its "
     "loads did not pay for the engine time it took (it keeps a small share to find out)",
     "admission_gated_share": "Share of arrivals on which warm-first admission may hold "
@@ -682,6 +685,15 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 headroom.admitted(request)
             if blocks is None and guard is not None:
                 guard.short(request)
+            # A running request short of blocks: vLLM preempts next, unless a
+            # warm-up's coming frees let it pass over the request.
+            if (
+                blocks is None
+                and headroom is not None
+                and request.status == RequestStatus.RUNNING
+                and (guard is None or not guard.passing)
+            ):
+                headroom.short()
             return blocks
 
         kv_cache_manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
@@ -883,6 +895,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
             now["order_backoff"] = self._shelf.accounting.backoff
             now["order_gained_blocks"] = self._shelf.payoff.total_gained
             now["order_cost_blocks"] = self._shelf.payoff.total_cost
+        if self._headroom is not None:
+            now["headroom_armed"] = float(self._headroom.armed)
         if self._planner is not None:
             counters = dataclasses.asdict(self._planner.counters)
             now.update({f"tier_{name}": value for name, value in counters.items()})

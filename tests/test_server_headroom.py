@@ -3,8 +3,9 @@
 A request decodes in a pool that another, admitted beside it, would fill: vLLM
 admits the second (its prompt fits the free blocks now), and a few steps later
 the first needs a block and vLLM preempts the second, throwing its prefill
-away. With the extension's headroom the second waits until the first is done,
-and nothing is preempted.
+away. The extension's headroom is armed by that preemption: the next time, the
+second waits until the first is done, and nothing is preempted. Unarmed,
+admission is vLLM's own.
 """
 
 from __future__ import annotations
@@ -13,32 +14,45 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_scheduler import BLOCK, preempted, request, scheduler, step
 
-from server_ext._headroom import Headroom, blocks_to_grow
+from server_ext._headroom import (
+    ARMED_ADMISSIONS,
+    MAX_ARMED_ADMISSIONS,
+    Headroom,
+    blocks_to_grow,
+)
 
 CONFIGS = {"plain": None, "extension": {}, "no-headroom": {"headroom": False}}
 
 
+def _fill_the_pool(s: Scheduler, round_: int) -> set[str]:
+    """The scenario once: the requests vLLM preempted (each finishes)."""
+    first = request(f"first-{round_}", 10 * round_ + 1, prompt_blocks=3, max_tokens=20)
+    s.add_request(first)
+    while first.num_output_tokens == 0:
+        step(s)  # its prefill: 3 blocks; its decode needs a 4th, then a 5th
+    s.add_request(request(f"second-{round_}", 10 * round_ + 2, prompt_blocks=7, max_tokens=20))
+    victims = set(preempted(s, 60))
+    assert not s.running and not s.waiting, "every request finishes"
+    return victims
+
+
 @pytest.mark.parametrize("step_tokens", [256, 2 * BLOCK], ids=["one-step-prefill", "chunked"])
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_an_admission_that_fills_the_pool_is_held_back(
+def test_after_a_preemption_an_admission_that_fills_the_pool_is_held_back(
     test_model_dir: Path, config: str, step_tokens: int
 ) -> None:
     """Chunked, the second's first chunk and the first's next block fit: vLLM
     checks the second's whole prompt, and the headroom is added to that too."""
     s = scheduler(test_model_dir, CONFIGS[config], step_tokens=step_tokens)  # 11 usable blocks
-    first = request("first", 1, prompt_blocks=3, max_tokens=20)
-    s.add_request(first)
-    while first.num_output_tokens == 0:
-        step(s)  # its prefill: 3 blocks; its decode needs a 4th, then a 5th
-    s.add_request(request("second", 2, prompt_blocks=7, max_tokens=20))
-    victims = set(preempted(s, 60))
-    assert not s.running and not s.waiting, "every request finishes"
+    assert _fill_the_pool(s, 1) == {"second-1"}, "unarmed, admission is vLLM's"
+    again = _fill_the_pool(s, 2)
     if config == "extension":
-        assert victims == set()
+        assert again == set()
     else:
-        assert victims == {"second"}
+        assert again == {"second-2"}
 
 
 def test_a_request_needing_the_whole_pool_is_admitted_alone(test_model_dir: Path) -> None:
@@ -77,6 +91,8 @@ def test_headroom_is_summed_once_a_step_and_grows_with_admissions() -> None:
     held = {"a": 4, "b": 3}
     headroom = Headroom(BLOCK, 256, held.__getitem__)
     running = [_Running("a", 48, 49, 20), _Running("b", 48, 48, 20)]
+    assert headroom.reserve(running) == 0, "unarmed"
+    headroom.short()
     assert headroom.reserve(running) == 1 + 1
     running.append(_Running("c", 48, 48, 20))
     assert headroom.reserve(running) == 2, "summed at the step's first admission"
@@ -86,3 +102,37 @@ def test_headroom_is_summed_once_a_step_and_grows_with_admissions() -> None:
     headroom.new_step()
     held["a"] = 5
     assert headroom.reserve(running) == 2
+
+
+def test_the_armed_window_counts_admissions_and_grows_while_shortfalls_recur() -> None:
+    headroom = Headroom(BLOCK, 256, lambda _: 4)
+    newcomer = _Running("n", 48, 48, 20)
+
+    def admit(count: int) -> None:
+        for _ in range(count):
+            headroom.admitted(newcomer)
+
+    assert not headroom.armed
+    headroom.short()
+    assert (headroom.armed_for, headroom.window) == (ARMED_ADMISSIONS, ARMED_ADMISSIONS)
+    admit(ARMED_ADMISSIONS - 1)
+    assert headroom.armed
+    admit(1)
+    assert not headroom.armed, "the window ended"
+    admit(ARMED_ADMISSIONS - 1)
+    headroom.new_step()
+    headroom.short()  # soon after: the workload keeps needing it
+    assert headroom.armed_for == headroom.window == 2 * ARMED_ADMISSIONS
+    headroom.short()  # the same step: vLLM preempting until one fits
+    assert headroom.window == 2 * ARMED_ADMISSIONS
+    headroom.new_step()
+    headroom.short()  # while armed: longer still
+    assert headroom.window == 4 * ARMED_ADMISSIONS
+    for _ in range(10):
+        headroom.new_step()
+        headroom.short()
+    assert headroom.window == MAX_ARMED_ADMISSIONS
+    admit(MAX_ARMED_ADMISSIONS + MAX_ARMED_ADMISSIONS)
+    headroom.new_step()
+    headroom.short()  # long after the last window: it starts over
+    assert headroom.armed_for == headroom.window == ARMED_ADMISSIONS
