@@ -12,7 +12,14 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .policy import AdmissionConfig, AdmissionTrial, EstimatorConfig, PolicyConfig, WarmFirstGate
+from .policy import (
+    AdmissionConfig,
+    AdmissionTrial,
+    EstimatorConfig,
+    PolicyConfig,
+    StepTimer,
+    WarmFirstGate,
+)
 
 __all__ = [
     "CONNECTOR_MODULE",
@@ -204,10 +211,14 @@ class ExtensionConfig:
         return dataclasses.replace(_ESTIMATOR, hint_weight=self.gap_hint_weight)
 
     def admission_gate(
-        self, block_size: int, tiered: bool = False, step_tokens: int | None = None
+        self,
+        block_size: int,
+        tiered: bool = False,
+        step_tokens: int | None = None,
+        timer: StepTimer | None = None,
     ) -> WarmFirstGate | None:
-        """The warm-first gate for an engine of ``block_size``-token blocks,
-        or None when ``max_defer_s`` is 0.
+        """The warm-first gate for an engine of ``block_size``-token blocks
+        whose steps ``timer`` times, or None when ``max_defer_s`` is 0.
 
         With a KV tier (``tiered``) a released branch comes back by a load,
         not a recompute, so no request waits for a due branch: only the
@@ -224,6 +235,7 @@ class ExtensionConfig:
                 step_tokens=step_tokens,
             ),
             AdmissionTrial(fixed_share=None if self.admission_trial else 1.0),
+            timer,
         )
 
 

@@ -312,11 +312,6 @@ class EngineRetention:
         """Warm-first admission's online trial (None without the gate)."""
         return self._gate.trial if self._gate is not None else None
 
-    @property
-    def prefill_seconds_per_token(self) -> float | None:
-        """The engine's step time per token as the gate timed it (None: untimed)."""
-        return self._gate.timer.seconds_per_token if self._gate is not None else None
-
     @_contained(False)
     def request_added(
         self,
@@ -489,8 +484,8 @@ class EngineRetention:
         """Once per engine step, when the scheduler has filled it (``scheduled``:
         tokens per request): decide whether warm-ups sit out the next step
         (first: a fault in the policy must not leave them paused; without
-        warm-ups in flight, no scan of the step), let the gate time the
-        engine's steps, and release expired retentions."""
+        warm-ups in flight, no scan of the step), record the first tokens for
+        the gate's trial, and release expired retentions."""
         self.warmups_yield = self._warmups > 0 and any(
             (r := self._requests.get(request_id)) is not None
             and not r.warmup
@@ -498,9 +493,7 @@ class EngineRetention:
             for request_id, tokens in scheduled.items()
         )
         if self._gate is not None:
-            now = self._clock()
-            self._gate.step(now, scheduled)
-            self._record_first_tokens(now, scheduled)
+            self._record_first_tokens(self._clock(), scheduled)
         self._apply(self.policy.expire())
 
     def _record_first_tokens(self, now: float, scheduled: Mapping[str, int]) -> None:

@@ -211,7 +211,7 @@ _GAUGES = {
     "retained_branches": "Agent branches whose KV is retained",
     "tier_bytes": "Bytes of KV blocks in the tier (as the scheduler accounts them)",
     "prefill_seconds_per_token": "Engine seconds per scheduled token, timed on its steps "
-    "(scales warm-first admission's window; 0 until timed)",
+    "(scales warm-first admission's window and the tier's books; 0 until timed)",
     "order_enforced": "1 while retention's eviction order is in force, 0 while eviction "
     "follows plain LRU (until the order's books show it pays, and while it costs)",
     "order_backoff": "How many times the usual lead the order's books must show before it "
@@ -539,7 +539,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
         # Tier, scheduler side: the planner and the requests it tracks.
         self._planner: TierPlanner | None = None
         self._tier_requests: dict[str, Request] = {}
-        self._tier_timer = StepTimer()  # the engine's time, for the tier's books
+        # The engine's step time: the tier's books and warm-first admission's window.
+        self._timer = StepTimer()
         # Prefetch warm-ups from arrival to finish, paced by ``_pace_warmups``,
         # and the steps a running one sat out.
         self._warmups: dict[str, Request] = {}
@@ -628,6 +629,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 self._block_size,
                 tiered=self._planner is not None,
                 step_tokens=self._step_tokens,
+                timer=self._timer,
             ),
         )
         self._retention = retention
@@ -790,6 +792,8 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 self._contained("load planning")
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        timer, busy = self._timer, self._timer.busy_s
+        timer.step(time.monotonic(), scheduler_output.num_scheduled_tokens)
         if self._headroom is not None:
             self._headroom.new_step()
         if self._retention is not None:
@@ -806,8 +810,6 @@ class AgentHintsConnector(KVConnectorBase_V1):
             return AgentHintsMetadata()
         manager = self._kv_cache_manager
         try:
-            timer, busy = self._tier_timer, self._tier_timer.busy_s
-            timer.step(time.monotonic(), scheduler_output.num_scheduled_tokens)
             self._planner.engine_step(timer.busy_s - busy, timer.seconds_per_token)
             progress = [
                 BlockProgress(
@@ -883,13 +885,13 @@ class AgentHintsConnector(KVConnectorBase_V1):
             now["warmup_yields"] = self._warmup_yields
             now["real_preemptions"] = self._preemptions[False]
             now["warmup_preemptions"] = self._preemptions[True]
-            if (seconds := self._retention.prefill_seconds_per_token) is not None:
-                now["prefill_seconds_per_token"] = seconds
             if (trial := self._retention.trial) is not None:
                 now["admission_gated_share"] = trial.gated_share
                 for side, name in ((True, "gated"), (False, "open")):
                     if (wait := trial.mean_wait_s(side)) is not None:
                         now[f"admission_{name}_wait_s"] = wait
+        if (seconds := self._timer.seconds_per_token) is not None:
+            now["prefill_seconds_per_token"] = seconds
         if self._shelf is not None:
             now["order_enforced"] = float(self._shelf.enforcing)
             now["order_backoff"] = self._shelf.accounting.backoff

@@ -27,9 +27,11 @@ def due(within_s: float) -> bool:
     return True
 
 
-def gate(max_defer_s: float = 10.0) -> WarmFirstGate:
+def gate(max_defer_s: float = 10.0, timer: StepTimer | None = None) -> WarmFirstGate:
     return WarmFirstGate(
-        AdmissionConfig(max_defer_s=max_defer_s, min_gain_blocks=4), AdmissionTrial(fixed_share=1.0)
+        AdmissionConfig(max_defer_s=max_defer_s, min_gain_blocks=4),
+        AdmissionTrial(fixed_share=1.0),
+        timer,
     )
 
 
@@ -143,12 +145,14 @@ def test_the_policy_says_when_a_retained_branch_is_due() -> None:
     assert not p.return_due(expected, 1.0, other_than=me)  # arrived: a real waiting request
 
 
-def engine_with_a_retained_branch() -> tuple[EngineRetention, list[float], float]:
-    """An engine with 90 free blocks and branch "warm" retained; the mutable
-    clock; and when that branch is due back."""
+def engine_with_a_retained_branch(
+    timer: StepTimer | None = None,
+) -> tuple[EngineRetention, list[float], float]:
+    """An engine with 90 free blocks and branch "warm" retained (its gate
+    reading ``timer``); the mutable clock; and when that branch is due back."""
     now = [0.0]
     policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), lambda: now[0])
-    engine = EngineRetention(policy, _Pool(free=90), gate(), clock=lambda: now[0])
+    engine = EngineRetention(policy, _Pool(free=90), gate(timer=timer), clock=lambda: now[0])
     assert engine.request_added("w1", hint_params("t", AgentHints(sid="warm", gap=1.0)), 10)
     engine.request_scheduled("w1")
     engine.request_finished("w1", list(range(10)))
@@ -233,14 +237,12 @@ def test_a_due_branch_holds_back_only_a_prefill_it_would_queue_behind() -> None:
         AdmissionConfig(lookahead_s=2.5, block_size=64), AdmissionTrial(fixed_share=1.0)
     )
     assert g.lookahead(40) == 2.5  # untimed: the cap
-    g.step(0.0, {"a": 2048})
-    g.step(0.2, {"a": 2048})  # ~1e-4 s per token
+    g.timer.step(0.0, {"a": 2048})  # the engine's timer, stepped by its owner
+    g.timer.step(0.2, {"a": 2048})  # ~1e-4 s per token
     assert g.lookahead(40) == pytest.approx(40 * 64 * 0.2 / 2048)
     assert g.lookahead(10_000) == 2.5
-    off = WarmFirstGate(AdmissionConfig(lookahead_s=0.0))
-    off.step(0.0, {"a": 2048})
-    off.step(0.2, {"a": 2048})
-    assert off.timer.seconds_per_token is None and off.lookahead(40) == 0.0
+    off = WarmFirstGate(AdmissionConfig(lookahead_s=0.0), timer=g.timer)
+    assert off.lookahead(40) == 0.0
     g.arrived("cold", now=0.0)
     asked: list[float] = []
     assert g.defer("cold", 40, now=0.3, warm_return_due=lambda s: asked.append(s) or True)
@@ -252,13 +254,13 @@ def test_the_engine_times_its_steps_for_the_gate(seconds_per_step: float, held: 
     """A branch due back 0.1 s ago holds a 30-block cold prefill on an engine
     that takes 1 s per 1,000 tokens (the prefill: ~0.5 s), not on one 1,000
     times faster (~0.5 ms: the branch is not coming back within it)."""
-    engine, now, due = engine_with_a_retained_branch()
+    timer = StepTimer()
+    engine, now, due = engine_with_a_retained_branch(timer)
     assert not engine.request_added("busy", None)
     engine.request_scheduled("busy")
-    now[0] = due - 1.0
-    engine.step_scheduled({"busy": 1000})
-    now[0] += seconds_per_step
-    engine.step_scheduled({"busy": 1000})
+    timer.step(due - 1.0, {"busy": 1000})
+    now[0] = due - 1.0 + seconds_per_step
+    timer.step(now[0], {"busy": 1000})
     assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
     now[0] = due + 0.1
     assert engine.defers("c1", 30) is held

@@ -218,7 +218,8 @@ class WarmFirstGate:
     only delays.
 
     Pure and synchronous, driven by the adapter's scheduler events and an
-    explicit ``now``. Invariants:
+    explicit ``now``; ``timer`` is the engine's, stepped by its owner (the
+    connector times each step once, for every mechanism). Invariants:
       - ``_waiting`` holds exactly the hinted requests that arrived and have
         been neither scheduled nor finished, with their arrival time and the
         best known count of uncached blocks (None until known).
@@ -228,10 +229,13 @@ class WarmFirstGate:
     """
 
     def __init__(
-        self, config: AdmissionConfig | None = None, trial: AdmissionTrial | None = None
+        self,
+        config: AdmissionConfig | None = None,
+        trial: AdmissionTrial | None = None,
+        timer: StepTimer | None = None,
     ) -> None:
         self.config = config or AdmissionConfig()
-        self.timer = StepTimer()
+        self.timer = timer if timer is not None else StepTimer()
         self.trial = trial or AdmissionTrial()
         self._waiting: dict[str, _Waiting] = {}
         self._sizes = IndexedHeap[str]()  # uncached blocks of those known
@@ -255,11 +259,6 @@ class WarmFirstGate:
         self._waiting[request_id] = _Waiting(now, gated)
         if uncached_blocks is not None:
             self._sizes.set(request_id, uncached_blocks)
-
-    def step(self, now: float, scheduled: Mapping[str, int]) -> None:
-        """The scheduler filled a step at ``now`` (tokens per request): time it."""
-        if self.config.lookahead_s > 0:
-            self.timer.step(now, scheduled)
 
     def lookahead(self, uncached_blocks: int) -> float:
         """How far from now a retained branch's return holds back a prefill
