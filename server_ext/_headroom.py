@@ -18,13 +18,19 @@ that needs the whole pool is still admitted once it is alone.
 Keeping blocks free holds admissions back, and a held-back request's cached
 prefix waits in the free queue, where the running requests' allocations may
 evict it: where vLLM would not have preempted, the headroom only costs. So it
-is armed by the evidence it exists for: vLLM short of a block for a running
-request (it preempts one) arms it for the next ``ARMED_ADMISSIONS``
-admissions; a shortfall again soon after a window ended (within one more
-window) doubles the next window, up to ``MAX_ARMED_ADMISSIONS``, as the
-workload keeps needing it; a later one starts over. Where the pool never runs
-short, admission is vLLM's own; where it does, each re-arming costs one
-preemption, the price of finding out whether the headroom still pays.
+applies where the extension made the admission, or where the evidence says
+vLLM's own admissions overfill the pool:
+
+- an admission that loads blocks from a tier: plain vLLM would prefill those
+  tokens chunk by chunk, while the load admits them whole in one step, so
+  this is the extension's own doing, and it keeps the room;
+- every admission while armed: vLLM short of a block for a running request
+  (it preempts one) arms it for the next ``ARMED_ADMISSIONS`` admissions; a
+  shortfall again soon after a window ended (within one more window) doubles
+  the next window, up to ``MAX_ARMED_ADMISSIONS``, as the workload keeps
+  needing it; a later one starts over. Where the pool never runs short,
+  admission is vLLM's own; where it does, each re-arming costs one
+  preemption, the price of finding out whether the headroom still pays.
 """
 
 from __future__ import annotations
@@ -80,12 +86,14 @@ class Headroom:
     allocated their blocks for the step by then), then grown by each request
     admitted in the step; ``new_step`` starts over. ``allocated`` gives the
     blocks a request holds (one KV cache group); ``step_tokens`` is the most
-    tokens a step schedules. Nothing is kept while it is not armed (``short``).
+    tokens a step schedules. Unarmed (``short``), it keeps room only for
+    admissions that load from a tier.
 
     Invariants: ``armed_for`` (admissions left in the window) is between 0 and
     ``window``; ``ARMED_ADMISSIONS <= window <= MAX_ARMED_ADMISSIONS``;
     ``_since`` counts the admissions since the last window ended (None: none
-    ended yet, or one is open).
+    ended yet, or one is open); ``_short_in_step``: a shortfall was counted
+    since ``new_step``.
     """
 
     def __init__(self, block_size: int, step_tokens: int, allocated: Callable[[str], int]) -> None:
@@ -113,9 +121,10 @@ class Headroom:
         self.window = min(2 * self.window, MAX_ARMED_ADMISSIONS) if recent else ARMED_ADMISSIONS
         self.armed_for, self._since = self.window, None
 
-    def reserve(self, running: Iterable[RunningRequest]) -> int:
-        """Blocks to keep free at an admission while ``running`` run."""
-        if not self.armed:
+    def reserve(self, running: Iterable[RunningRequest], loads: bool = False) -> int:
+        """Blocks to keep free at an admission (one that ``loads`` from a tier,
+        or any while armed) while ``running`` run."""
+        if not (self.armed or loads):
             return 0
         if self._reserve is None:
             self._reserve = sum(self._grow(r) for r in running)

@@ -26,8 +26,9 @@ here:
 - ``KVCacheManager.allocate_slots`` (with held references: release them before
   the scheduler would preempt; with warm-ups running: make vLLM preempt them,
   not a real request; an admission's ``watermark_blocks`` raised for the call:
-  room for the running requests to grow, ``_headroom``, armed when a running
-  request's call fails),
+  room for the running requests to grow, ``_headroom``: for an admission whose
+  ``num_external_computed_tokens`` (a keyword) load from the tier, and for any
+  while armed by a running request's failed call),
   ``KVCacheManager.get_blocks`` and
   ``reset_prefix_cache`` (release first), wrapped on the bound instance;
   ``Request.status`` / ``max_tokens``;
@@ -653,14 +654,21 @@ class AgentHintsConnector(KVConnectorBase_V1):
         allocate: Callable[..., Any] = kv_cache_manager.allocate_slots
         headroom = self._headroom = self._make_headroom(kv_cache_manager, scheduler)
 
-        def allocate_slots(request: Request, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
+        def allocate_slots(
+            request: Request,
+            num_new_tokens: int,
+            *args: Any,
+            num_external_computed_tokens: int = 0,
+            **kw: Any,
+        ) -> Any:
+            kw["num_external_computed_tokens"] = num_external_computed_tokens
             reserve = 0
             admitting = headroom is not None and request.status in _ADMITTING
             running: list[Request] = scheduler.running if scheduler is not None else []
             # vLLM's own rule for its watermark: admissions, not while nothing runs.
             if admitting and running:
                 assert headroom is not None
-                reserve = headroom.reserve(running)
+                reserve = headroom.reserve(running, loads=num_external_computed_tokens > 0)
 
             def attempt() -> Any:
                 if not reserve:

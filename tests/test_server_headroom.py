@@ -55,6 +55,22 @@ def test_after_a_preemption_an_admission_that_fills_the_pool_is_held_back(
         assert again == {"second-2"}
 
 
+def test_an_admission_that_loads_from_a_tier_keeps_the_room_unarmed(test_model_dir: Path) -> None:
+    """Blocks loaded from a tier are admitted whole in one step, where plain
+    vLLM would prefill them chunk by chunk: the extension's own doing, so such
+    an admission leaves the running request its room before any preemption;
+    the same admission computed is vLLM's."""
+    s = scheduler(test_model_dir, {})
+    first = request("first", 1, prompt_blocks=3, max_tokens=20)
+    s.add_request(first)
+    while first.num_output_tokens == 0:
+        step(s)  # it holds 3 of the 11 usable blocks and will need 2 more
+    second, loaded = request("second", 2, prompt_blocks=7, max_tokens=20), 4 * BLOCK
+    manager = s.kv_cache_manager
+    assert manager.allocate_slots(second, 3 * BLOCK, num_external_computed_tokens=loaded) is None
+    assert manager.allocate_slots(second, 7 * BLOCK) is not None
+
+
 def test_a_request_needing_the_whole_pool_is_admitted_alone(test_model_dir: Path) -> None:
     s = scheduler(test_model_dir, {})
     s.add_request(request("whole", 1, prompt_blocks=10, max_tokens=8))
@@ -92,6 +108,8 @@ def test_headroom_is_summed_once_a_step_and_grows_with_admissions() -> None:
     headroom = Headroom(BLOCK, 256, held.__getitem__)
     running = [_Running("a", 48, 49, 20), _Running("b", 48, 48, 20)]
     assert headroom.reserve(running) == 0, "unarmed"
+    assert headroom.reserve(running, loads=True) == 1 + 1, "unarmed, for a tier's load"
+    headroom.new_step()
     headroom.short()
     assert headroom.reserve(running) == 1 + 1
     running.append(_Running("c", 48, 48, 20))
