@@ -27,8 +27,8 @@ here:
   the scheduler would preempt; with warm-ups running: make vLLM preempt them,
   not a real request; an admission's ``watermark_blocks`` raised for the call:
   room for the running requests to grow, ``_headroom``: for an admission whose
-  ``num_external_computed_tokens`` (a keyword) load from the tier, and for any
-  while armed by a running request's failed call),
+  ``num_external_computed_tokens`` load from the tier, and for any while armed
+  by a running request's failed call),
   ``KVCacheManager.get_blocks`` and
   ``reset_prefix_cache`` (release first), wrapped on the bound instance;
   ``Request.status`` / ``max_tokens``;
@@ -654,21 +654,16 @@ class AgentHintsConnector(KVConnectorBase_V1):
         allocate: Callable[..., Any] = kv_cache_manager.allocate_slots
         headroom = self._headroom = self._make_headroom(kv_cache_manager, scheduler)
 
-        def allocate_slots(
-            request: Request,
-            num_new_tokens: int,
-            *args: Any,
-            num_external_computed_tokens: int = 0,
-            **kw: Any,
-        ) -> Any:
-            kw["num_external_computed_tokens"] = num_external_computed_tokens
+        def allocate_slots(request: Request, num_new_tokens: int, *args: Any, **kw: Any) -> Any:
+            # Blocks loaded from the tier (vLLM's 4th optional argument, passed by name).
+            loaded = kw.get("num_external_computed_tokens", args[3] if len(args) > 3 else 0)
             reserve = 0
             admitting = headroom is not None and request.status in _ADMITTING
             running: list[Request] = scheduler.running if scheduler is not None else []
             # vLLM's own rule for its watermark: admissions, not while nothing runs.
             if admitting and running:
                 assert headroom is not None
-                reserve = headroom.reserve(running, loads=num_external_computed_tokens > 0)
+                reserve = headroom.reserve(running, loads=loaded > 0)
 
             def attempt() -> Any:
                 if not reserve:
