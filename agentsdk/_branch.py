@@ -515,13 +515,13 @@ class _Wait:
     durations: dict[str, float]
 
     def observe(self, estimator: LatencyEstimator) -> None:
-        """Teach ``estimator`` each tool's wait as the server sees it, at the
-        branch's next request: the tool's own duration plus what the loop spent
-        around the batch (its hooks, the session store, building the request),
-        which the server waits for as well."""
-        around = time.monotonic() - self.since - max(self.durations.values())
+        """Teach ``estimator``, at the branch's next request, each tool's own
+        duration and what the loop spent around the batch (its hooks, the session
+        store, building the request), which the server waits for as well."""
         for name, seconds in self.durations.items():
-            estimator.observe(name, seconds + max(around, 0.0))
+            estimator.observe(name, seconds)
+        around = time.monotonic() - self.since - max(self.durations.values())
+        estimator.observe_around(max(around, 0.0))
 
 
 async def _run_tools(

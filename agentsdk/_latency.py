@@ -38,13 +38,22 @@ def _center(index: int) -> float:
 
 
 class LatencyStats(BaseModel):
-    """Persisted state: per tool name, histogram bin -> decayed count."""
+    """Persisted state: per tool name, histogram bin -> decayed count of the tool's own
+    durations; ``around``, the same of the loop's own time around a batch of calls."""
 
     tools: dict[str, dict[int, float]] = Field(default_factory=dict)
+    around: dict[int, float] = Field(default_factory=dict)
 
 
 class LatencyEstimator:
-    """Quantiles of past tool durations, with a prior for tools never seen.
+    """Quantiles of past tool durations, with a prior for tools never seen, plus the
+    loop's own time around them: the wait the server sees.
+
+    A tool's duration is the tool's (a test suite takes as long on any agent
+    host), the time around it is the host's (hooks, the session store, a busy
+    event loop): kept apart, durations learned elsewhere (``shared``, a stored
+    session) stay true here, and the host's overhead, common to every tool, is
+    learned from every wait instead of each tool's few.
 
     The prior (a tool's ``expected_seconds``, else ``prior_seconds``) counts as one
     observation at its exact value, so it decides alone at first (an unseen tool's
@@ -88,18 +97,19 @@ class LatencyEstimator:
         self.decay = decay
 
     def observe(self, tool: str, seconds: float) -> None:
-        """Record one finished call of ``tool`` that took ``seconds``."""
-        index = _bin(seconds)
+        """Record one finished call of ``tool`` that took ``seconds`` itself."""
         for stats in self._sources():
-            weights = stats.tools.setdefault(tool, {})
-            for i in list(weights):
-                weights[i] *= self.decay
-                if weights[i] < _FORGOTTEN:
-                    del weights[i]
-            weights[index] = weights.get(index, 0.0) + 1.0
+            self._add(stats.tools.setdefault(tool, {}), seconds)
+
+    def observe_around(self, seconds: float) -> None:
+        """Record the loop's own time around one batch of calls: from the response
+        to the next request, less the batch's longest call."""
+        for stats in self._sources():
+            self._add(stats.around, seconds)
 
     def estimate(self, tools: Mapping[str, float | None]) -> float | None:
-        """The quantile of the pooled durations of ``tools`` (name -> prior or None).
+        """The wait after a response that calls ``tools`` (name -> prior or None):
+        the quantile of their pooled durations plus that of the loop's time around.
 
         Pooling weights each tool by how often it ran recently, which is the best guess
         of the wait after a response whose tool calls are not known yet. None when there
@@ -113,6 +123,12 @@ class LatencyEstimator:
             points.append((min(max(seconds, _MIN_SECONDS), _MAX_SECONDS), 1.0))
             for stats in self._sources():
                 points.extend((_center(i), w) for i, w in stats.tools.get(name, {}).items())
+        around = [(_center(i), w) for stats in self._sources() for i, w in stats.around.items()]
+        overhead = self._quantile(around) if around else 0.0
+        return min(self._quantile(points) + overhead, _MAX_SECONDS)
+
+    def _quantile(self, points: list[tuple[float, float]]) -> float:
+        """The estimator's quantile of weighted (seconds, weight) points."""
         points.sort()
         target = self.quantile * sum(weight for _, weight in points)
         cumulative = 0.0
@@ -121,6 +137,15 @@ class LatencyEstimator:
             if cumulative >= target:
                 return seconds
         return points[-1][0]  # float rounding left the target just out of reach
+
+    def _add(self, weights: dict[int, float], seconds: float) -> None:
+        """Decay a histogram's older counts and count ``seconds`` in it."""
+        for i in list(weights):
+            weights[i] *= self.decay
+            if weights[i] < _FORGOTTEN:
+                del weights[i]
+        index = _bin(seconds)
+        weights[index] = weights.get(index, 0.0) + 1.0
 
     def _sources(self) -> tuple[LatencyStats, ...]:
         return (self.stats,) if self.shared is None else (self.stats, self.shared)

@@ -63,6 +63,25 @@ def test_a_new_session_starts_from_what_the_agents_earlier_sessions_learned() ->
     )
 
 
+def test_the_loops_own_time_adds_to_every_tools_estimate() -> None:
+    estimator = LatencyEstimator()
+    for _ in range(5):
+        estimator.observe("grep", 0.05)
+        estimator.observe("test", 10.0)
+    assert estimator.estimate({"grep": None}) == pytest.approx(0.05, rel=0.13)
+    for seconds in (0.02, 0.03, 0.02):
+        estimator.observe_around(seconds)
+    # Its own quantile, once, on top of the tools' (pooled or not).
+    assert estimator.estimate({"grep": None}) == pytest.approx(0.07, rel=0.13)
+    assert estimator.estimate({"test": None}) == pytest.approx(10.02, rel=0.13)
+    assert estimator.estimate({}) is None
+    restored = LatencyEstimator(LatencyStats.model_validate_json(estimator.stats.model_dump_json()))
+    assert restored.estimate({"grep": None}) == estimator.estimate({"grep": None})
+    # Stats stored before the loop's time was kept apart still load.
+    old = LatencyStats.model_validate_json('{"tools": {"grep": {"12": 1.0}}}')
+    assert old.around == {}
+
+
 def test_extreme_values_are_clamped_to_protocol_bounds() -> None:
     estimator = LatencyEstimator()
     estimator.observe("t", 0.0)

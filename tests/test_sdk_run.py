@@ -18,6 +18,7 @@ from agentsdk import (
     HintedAsyncOpenAI,
     HintedOpenAI,
     InMemorySession,
+    LatencyEstimator,
     LatencyStats,
     LLMEndEvent,
     LLMStartEvent,
@@ -246,6 +247,28 @@ async def test_a_tools_eta_is_the_branchs_wait_as_the_server_sees_it() -> None:
     # The prior and one wait of ~0.3 s (the nap itself took ~0): the median is the wait.
     assert second is not None and 0.25 < second < 1.0
     assert model.requests[2].hints is not None and model.requests[2].hints.gap == second
+
+
+async def test_durations_learned_elsewhere_plus_this_loops_own_time() -> None:
+    """Tool durations learned on another host stay true here; this loop's own time
+    around a batch (a slow hook) is learned from the first wait and added to every
+    tool's ETA, however many shared calls say otherwise."""
+
+    class SlowHook(RunHooks):
+        async def on_tool_end(
+            self, context: RunContext, agent: Agent, tool: Tool, result: str
+        ) -> None:
+            await anyio.sleep(0.3)
+
+    elsewhere = LatencyEstimator(shared=(shared := LatencyStats()))
+    for _ in range(20):
+        elsewhere.observe("nap", 0.05)
+    model = ScriptedModel([[ScriptedCall("nap")], [ScriptedCall("nap")], "done"])
+    config = RunConfig(shared_latency=shared)
+    await Runner.run(_agent(nap), "go", client=model, hooks=SlowHook(), run_config=config)
+    first, second = (e.eta for e in model.events_of(ToolStart))
+    assert first is not None and first < 0.1  # the shared durations; no overhead seen yet
+    assert second is not None and 0.3 < second < 0.5  # ~0.05 s of nap and ~0.3 s around
 
 
 async def test_no_tools_means_no_gap_and_outer_scope_is_kept() -> None:
