@@ -25,13 +25,48 @@ __all__ = [
     "CONNECTOR_MODULE",
     "CONNECTOR_NAME",
     "LOOPBACK_PEERS",
+    "MULTI_CONNECTOR",
+    "OFFLOADING_CONNECTOR",
+    "OFFLOAD_MODULE",
+    "OFFLOAD_POLICY",
+    "OFFLOAD_SPEC",
     "RETENTION_MODES",
     "ExtensionConfig",
     "ExtensionConfigError",
+    "extension_extra",
 ]
 
 CONNECTOR_NAME = "AgentHintsConnector"
 CONNECTOR_MODULE = "server_ext._vllm"
+
+MULTI_CONNECTOR = "MultiConnector"
+"""vLLM's connector that composes others (``connectors`` in its extra config)."""
+OFFLOADING_CONNECTOR = "OffloadingConnector"
+"""vLLM's KV offloading connector: the extension's host tier."""
+OFFLOAD_MODULE = "server_ext.offload"
+"""vLLM's ``spec_module_path`` and ``cache_policy_module_path`` for the two below."""
+OFFLOAD_SPEC = "HostOffloadingSpec"
+"""vLLM's CPU offloading spec, with a host-to-host copy where vLLM has none."""
+OFFLOAD_POLICY = "AgentHintsCachePolicy"
+"""The offloading tier's cache policy that reads the hints."""
+
+
+def extension_extra(
+    kv_connector: str | None, extra: Mapping[str, object] | None
+) -> Mapping[str, object] | None:
+    """The extension's ``kv_connector_extra_config`` in a ``--kv-transfer-config``
+    of ``kv_connector`` and ``extra``: its own when it is the connector, its
+    entry's when ``MultiConnector`` lists it; None when it is not configured."""
+    if kv_connector == CONNECTOR_NAME:
+        return extra or {}
+    if kv_connector != MULTI_CONNECTOR:
+        return None
+    children = (extra or {}).get("connectors")
+    for child in children if isinstance(children, list) else ():
+        if isinstance(child, Mapping) and child.get("kv_connector") == CONNECTOR_NAME:
+            found = child.get("kv_connector_extra_config")
+            return found if isinstance(found, Mapping) else {}
+    return None
 
 
 # The policy's defaults: the extension's own defaults are these, not copies.

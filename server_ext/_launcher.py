@@ -15,10 +15,26 @@ import platform
 import sys
 from collections.abc import Mapping, Sequence
 
-from ._config import CONNECTOR_MODULE, CONNECTOR_NAME
+from ._config import (
+    CONNECTOR_MODULE,
+    CONNECTOR_NAME,
+    MULTI_CONNECTOR,
+    OFFLOAD_MODULE,
+    OFFLOAD_POLICY,
+    OFFLOAD_SPEC,
+    OFFLOADING_CONNECTOR,
+)
 from .tier import TierConfig, kv_role
 
-__all__ = ["MIDDLEWARE", "RESERVED_CPU_ENV", "extension_env", "extension_flags", "vllm_command"]
+__all__ = [
+    "MIDDLEWARE",
+    "RESERVED_CPU_ENV",
+    "extension_env",
+    "extension_flags",
+    "offloading_transfer",
+    "transfer_config",
+    "vllm_command",
+]
 
 MIDDLEWARE = "server_ext.AgentHintsMiddleware"
 
@@ -35,15 +51,67 @@ _SPREAD_ARCHES = ("x86_64", "amd64", "i686", "aarch64", "arm64", "riscv64")
 """CPU architectures on which vLLM reserves a core per local rank (else one)."""
 
 
-def extension_flags(extra_config: Mapping[str, object] | None = None) -> list[str]:
-    """The two vLLM flags that enable the extension (``TierConfigError`` for an
-    invalid tier setting, before vLLM starts)."""
-    transfer = {
+def offloading_transfer(tier_bytes: int, *, hints: bool = True) -> dict[str, object]:
+    """vLLM's ``OffloadingConnector`` with ``tier_bytes`` of host memory for
+    offloaded KV (all workers together, as vLLM's ``cpu_bytes_to_use``), its
+    spec runnable on the CPU test bed too (``server_ext.offload``).
+
+    ``hints``: the extension's cache policy, which reads each request's
+    hints; False: vLLM's LRU, which reads none (what a GPU user gets with
+    ``--kv-offloading-size``: the hint-free baseline).
+    """
+    extra: dict[str, object] = {
+        "spec_name": OFFLOAD_SPEC,
+        "spec_module_path": OFFLOAD_MODULE,
+        "cpu_bytes_to_use": int(tier_bytes),
+        "eviction_policy": "lru",
+    }
+    if hints:
+        extra.update(eviction_policy=OFFLOAD_POLICY, cache_policy_module_path=OFFLOAD_MODULE)
+    return {
+        "kv_connector": OFFLOADING_CONNECTOR,
+        "kv_role": "kv_both",
+        # A tier miss at load time must cost a recompute, never a failed request.
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def transfer_config(extra_config: Mapping[str, object] | None = None) -> dict[str, object]:
+    """The ``--kv-transfer-config`` of the extension with ``extra_config``
+    (``TierConfigError`` for an invalid tier setting, before vLLM starts).
+
+    With the host tier (the default) it is vLLM's ``MultiConnector`` over the
+    extension's connector (first: it lowers each request's hints into vLLM's
+    ``kv_hints`` before vLLM's offloading reads them) and vLLM's
+    ``OffloadingConnector`` with the extension's cache policy; otherwise the
+    extension's connector alone (its own Mooncake tier, or none).
+    """
+    extra = dict(extra_config or {})
+    tier = TierConfig.from_mapping(extra)
+    ours: dict[str, object] = {
         "kv_connector": CONNECTOR_NAME,
         "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_role": kv_role(TierConfig.from_mapping(extra_config)),
-        "kv_connector_extra_config": dict(extra_config or {}),
+        "kv_role": kv_role(tier),
+        "kv_connector_extra_config": extra,
     }
+    if tier is None or tier.kind != "host":
+        if tier is not None:
+            ours["kv_load_failure_policy"] = "recompute"
+        return ours
+    return {
+        "kv_connector": MULTI_CONNECTOR,
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {
+            "connectors": [ours, offloading_transfer(tier.budget_bytes)],
+        },
+    }
+
+
+def extension_flags(extra_config: Mapping[str, object] | None = None) -> list[str]:
+    """The two vLLM flags that enable the extension (``transfer_config``)."""
+    transfer = transfer_config(extra_config)
     return ["--middleware", MIDDLEWARE, "--kv-transfer-config", json.dumps(transfer)]
 
 

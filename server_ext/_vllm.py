@@ -67,6 +67,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -79,19 +80,18 @@ from vllm.entrypoints.serve.middleware.authenticate import (
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.request import RequestStatus
 
-from ._config import CONNECTOR_NAME, ExtensionConfig
+from ._config import ExtensionConfig, extension_extra
 from ._engine import EngineRetention, control_params, read_control, read_hint_params
 from ._headroom import Headroom
 from ._launcher import RESERVED_CPU_ENV
 from ._pool import HoldPort, ShelfPort, allocate_after_room
+from .offload import lower_to_envelope
 from .policy import RetentionPolicy, StepTimer
 from .tier import (
     BlockCodec,
     BlockProgress,
     GuardedTier,
-    HostTier,
     KeyIndex,
-    KVTier,
     MooncakeTier,
     TierConfig,
     TierConfigError,
@@ -151,11 +151,13 @@ _check_version()
 
 
 def connector_config(app_state: Any) -> ExtensionConfig | None:
-    """The extension's config when the engine runs our connector, else None."""
+    """The extension's config when the engine runs our connector (on its own
+    or inside vLLM's ``MultiConnector``), else None."""
     kv = getattr(getattr(app_state, "vllm_config", None), "kv_transfer_config", None)
-    if kv is None or kv.kv_connector != CONNECTOR_NAME:
+    if kv is None:
         return None
-    return ExtensionConfig.from_mapping(kv.kv_connector_extra_config)
+    extra = extension_extra(kv.kv_connector, kv.kv_connector_extra_config)
+    return None if extra is None else ExtensionConfig.from_mapping(extra)
 
 
 class ApiKeys:
@@ -393,25 +395,20 @@ def _tier_identity(params: object, ttl_cap_s: float) -> tuple[str, float] | None
 def _tier_for_role(
     extra: Mapping[str, object] | None, transfer: KVTransferConfig
 ) -> TierConfig | None:
-    """The tier ``extra`` asks for, if ``transfer``'s role allows one.
+    """The tier this connector runs itself (Mooncake), if ``transfer``'s role
+    allows one; None for ``"tier": "host"``, which is vLLM's
+    ``OffloadingConnector`` beside this one, and for ``"none"``.
 
     A tier loads KV into device blocks: vLLM must know the connector as a
     consumer, or it may reuse a freed block that a step in flight still
-    writes. A tier named in ``extra`` without that role is refused; the default
-    tier gives way (a launch written for a connector without one keeps working).
+    writes. A tier named in ``extra`` without that role is refused.
     """
     tier = TierConfig.from_mapping(extra)
-    if tier is None or transfer.is_kv_consumer:
-        return tier
-    if "tier" in (extra or {}):
-        raise TierConfigError(
-            f'kv_role={transfer.kv_role!r}: a tier loads KV, set "kv_role": "kv_both"'
-        )
-    logger.warning(
-        'agent-hints: kv_role=%r, so no KV tier ("kv_both" enables the default host tier)',
-        transfer.kv_role,
+    if tier is None or tier.kind == "host" or transfer.is_kv_consumer:
+        return None if tier is None or tier.kind == "host" else tier
+    raise TierConfigError(
+        f'kv_role={transfer.kv_role!r}: a tier loads KV, set "kv_role": "kv_both"'
     )
-    return None
 
 
 def _check_cpu_reservation() -> None:
@@ -441,16 +438,30 @@ def _shared_store_probe(config: TierConfig) -> GuardedTier:
     return probe
 
 
-def _binding_scheduler() -> Any | None:
-    """The scheduler calling ``bind_kv_cache_manager`` (two frames up), or None
-    when that caller is not one (its ``running`` list is what vLLM preempts
-    from; vLLM gives connectors no reference to it)."""
-    frame = sys._getframe(2)
-    owner = frame.f_locals.get("self")
-    if isinstance(getattr(owner, "running", None), list):
-        return owner
+def _binding_scheduler(manager: KVCacheManager) -> Any | None:
+    """The scheduler whose ``bind_kv_cache_manager`` call binds ``manager``,
+    found on the call stack (vLLM gives connectors no reference to it; its
+    ``running`` list is what vLLM preempts from), or None. The caller may be
+    the scheduler itself or, with ``MultiConnector``, one or more composing
+    connectors in between."""
+    frame = sys._getframe(1)
+    for _ in range(_SCHEDULER_FRAMES):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if (
+            isinstance(getattr(owner, "running", None), list)
+            and getattr(owner, "kv_cache_manager", None) is manager
+        ):
+            return owner
     logger.warning("agent-hints: no scheduler bound the KV cache; warm-ups may be preempted last")
     return None
+
+
+_SCHEDULER_FRAMES = 8
+"""How far up the stack ``_binding_scheduler`` looks (the scheduler, a
+``MultiConnector`` or two, this connector)."""
 
 
 class WarmupsGoFirst:
@@ -504,7 +515,7 @@ class WarmupsGoFirst:
         self.passing = ahead_running
 
 
-class AgentHintsConnector(KVConnectorBase_V1):
+class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
     """Scheduler-side connector that turns agent hints into KV retention, plus an
     optional KV tier below device memory (``"tier"`` in the extra config).
 
@@ -529,6 +540,10 @@ class AgentHintsConnector(KVConnectorBase_V1):
         extra = self._kv_transfer_config.kv_connector_extra_config
         self._config = ExtensionConfig.from_mapping(extra)
         self._tier_config = _tier_for_role(extra, self._kv_transfer_config)
+        # The host tier: vLLM's OffloadingConnector beside this one.
+        self._offloaded = (
+            tier := TierConfig.from_mapping(extra)
+        ) is not None and tier.kind == "host"
         self._tier_secret = self._tier_config.secret() if self._tier_config else None
         self._total_blocks = int(kv_cache_config.num_blocks)
         self._block_size = int(vllm_config.cache_config.block_size)
@@ -601,7 +616,6 @@ class AgentHintsConnector(KVConnectorBase_V1):
             namespace,
             self._block_size,
             block_bytes,
-            owns_eviction=self._tier_config.kind == "host",
             shared=shared,
             secret=self._tier_secret,
             payoff=TierPayoff(trial=self._tier_config.trial),
@@ -628,7 +642,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
             port,
             self._config.admission_gate(
                 self._block_size,
-                tiered=self._planner is not None,
+                tiered=self._planner is not None or self._offloaded,
                 step_tokens=self._step_tokens,
                 timer=self._timer,
             ),
@@ -646,7 +660,7 @@ class AgentHintsConnector(KVConnectorBase_V1):
         releases_for_room = port.releases_for_room
         if isinstance(port, ShelfPort):
             self._shelf = port
-        scheduler = _binding_scheduler()
+        scheduler = _binding_scheduler(kv_cache_manager)
         if scheduler is not None:
             self._guard = WarmupsGoFirst(scheduler, self._warmups)
         guard = self._guard
@@ -737,6 +751,9 @@ class AgentHintsConnector(KVConnectorBase_V1):
     # -- scheduler-side hooks
 
     def on_new_request(self, request: Request) -> None:
+        # Before any connector after this one reads kv_hints (vLLM's offloading
+        # builds its request context from them here): SPEC 5.2.
+        request.kv_hints = lower_to_envelope(request.kv_hints, request.kv_transfer_params)
         if self._retention is not None:
             params, blocks = request.kv_transfer_params, len(request.block_hashes)
             self._retention.request_added(request.request_id, params, blocks, request)
@@ -852,6 +869,14 @@ class AgentHintsConnector(KVConnectorBase_V1):
                 r.failed_saves, r.failed_loads, r.bytes_saved, r.bytes_loaded, r.seconds
             )
 
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """``SupportsHMA``: retention reads the first group's blocks, the only
+        one where it can act (with several groups retention holds references
+        and the tier is off; both say so at start-up)."""
+        return self.request_finished(request, block_ids[0] if block_ids else [])
+
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
@@ -942,20 +967,15 @@ class AgentHintsConnector(KVConnectorBase_V1):
             return
         try:
             codec = BlockCodec(kv_caches, self._total_blocks)
-            tier: KVTier
-            if config.kind == "host":
-                # The scheduler's index owns budget and LRU and sends drops.
-                tier = HostTier(budget_bytes=None)
-            else:
-                secret = self._tier_secret
-                tier = GuardedTier(
-                    lambda: MooncakeTier(
-                        config.mooncake_master,
-                        segment_bytes=config.mooncake_segment_bytes,
-                        secret=secret,
-                    ),
-                    timeout_s=config.timeout_s,
-                )
+            secret = self._tier_secret
+            tier = GuardedTier(
+                lambda: MooncakeTier(
+                    config.mooncake_master,
+                    segment_bytes=config.mooncake_segment_bytes,
+                    secret=secret,
+                ),
+                timeout_s=config.timeout_s,
+            )
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
             self._tier_worker = TierWorker(

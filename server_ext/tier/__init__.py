@@ -1,18 +1,18 @@
-"""A KV tier below device memory: write-through saves and loads of KV blocks.
+"""The Mooncake Store KV tier, and the settings of every tier.
 
-Hinted requests' full blocks are copied to the tier as they are computed, so a
-branch that retention releases under pressure (or that plain LRU evicts) is
-loaded back on return instead of recomputed. ``HostTier`` keeps blocks in host
-memory, ``MooncakeTier`` in a Mooncake Store shared by engines; both are written
-against torch (the same code copies device -> host on a GPU). The scheduler
-side plans (``TierPlanner``), the worker side moves bytes (``TierWorker``); only
+The host-memory tier is vLLM's own offloading (``server_ext.offload``: vLLM's
+``OffloadingConnector`` with the extension's cache policy). What stays here is
+the tier vLLM's offloading does not cover on the CPU test bed: a Mooncake Store
+shared by engines (docs/tiers.md says why). Hinted requests' full blocks are
+copied to the store as they are computed, so a branch that left the device is
+loaded back on return instead of recomputed. The scheduler side plans
+(``TierPlanner``), the worker side moves bytes (``TierWorker``); only
 ``server_ext._vllm`` connects them to vLLM.
 """
 
 from ._blocks import BlockCodec
 from ._config import DEFAULT_TIER, TIER_KINDS, TIER_SECRET_ENV, TierConfig, TierConfigError, kv_role
 from ._guard import GuardedTier
-from ._host import HostTier
 from ._index import KeyIndex
 from ._keys import block_key, checksum, mac, shard_key
 from ._master import MooncakeMaster, MooncakeUnavailable, local_mooncake_master
@@ -30,7 +30,6 @@ __all__ = [
     "BlockCodec",
     "BlockProgress",
     "GuardedTier",
-    "HostTier",
     "KVTier",
     "KeyIndex",
     "MooncakeMaster",

@@ -27,8 +27,8 @@ DEFAULT_TIER = "host"
 """A host-memory tier unless told otherwise: retention on the device only
 chooses which blocks a full pool loses, a tier adds capacity (what the suite
 measured: device-only retention even with plain LRU, the host tier ahead of it
-on every family), and its books (``TierPayoff``) stop its saves where its loads
-do not pay for them."""
+on every family). The host tier is vLLM's own offloading (``OffloadingConnector``)
+with the extension's cache policy (``server_ext.offload``)."""
 
 
 class TierConfigError(ValueError):
@@ -49,17 +49,18 @@ def _number(extra: Mapping[str, object], name: str, default: float) -> float:
 @dataclass(frozen=True, slots=True)
 class TierConfig:
     """Args:
-    kind: ``"host"`` (a host-memory pool per worker) or ``"mooncake"``.
-    budget_bytes: the host pool's budget; for Mooncake, how many bytes of keys
-        the scheduler remembers (the store evicts on its own).
+    kind: ``"host"`` (vLLM's offloading to host memory) or ``"mooncake"``.
+    budget_bytes: host memory for offloaded KV, all workers together (vLLM's
+        ``cpu_bytes_to_use``); for Mooncake, how many bytes of keys the
+        scheduler remembers (the store evicts on its own).
     mooncake_master: ``host:port`` of ``mooncake_master``.
     mooncake_segment_bytes: memory each worker contributes to the store.
     timeout_s: longest a Mooncake call may take before it counts as a miss.
-    tenant_fraction: share of ``budget_bytes`` one tenant's blocks may take;
-        a tenant over it makes room from its own blocks.
-    step_budget_s: longest an engine step's loads, and its saves, may wait on
-        the tier; loads past it are recomputed, saves past it skipped.
-    trial: save only while the tier's loads pay for its step time
+    tenant_fraction: Mooncake: share of ``budget_bytes`` one tenant's blocks
+        may take; a tenant over it makes room from its own blocks.
+    step_budget_s: Mooncake: longest an engine step's loads, and its saves, may
+        wait on the store; loads past it are recomputed, saves past it skipped.
+    trial: Mooncake: save only while the store's loads pay for its step time
         (``TierPayoff``); False: always save.
     """
 
@@ -131,12 +132,13 @@ def _fraction(extra: Mapping[str, object], name: str, default: float) -> float:
 
 
 def kv_role(tier: TierConfig | None) -> str:
-    """The connector's vLLM ``kv_role``.
+    """The extension connector's vLLM ``kv_role``.
 
-    With a tier the connector loads KV into device blocks, so vLLM must know it
-    as a consumer (``kv_both``): under async scheduling it then defers freeing a
-    finished request's blocks until no step in flight can still write them.
-    Without one it loads nothing, and ``kv_producer`` spares every request that
-    deferral.
+    With a tier of its own (Mooncake) the connector loads KV into device
+    blocks, so vLLM must know it as a consumer (``kv_both``): under async
+    scheduling it then defers freeing a finished request's blocks until no
+    step in flight can still write them. Otherwise it loads nothing (the host
+    tier is vLLM's offloading connector beside it), and ``kv_producer``
+    spares every request that deferral.
     """
-    return "kv_both" if tier is not None else "kv_producer"
+    return "kv_both" if tier is not None and tier.kind == "mooncake" else "kv_producer"

@@ -3,10 +3,9 @@
 No vLLM import: ``_vllm.AgentHintsConnector`` feeds it block hashes, block ids
 and token counts. The tier itself lives in the worker; the planner keeps a
 ``KeyIndex`` of the keys the worker holds, is told of every key the worker
-failed to store or load, and (for a tier it owns, the host pool) makes the LRU
-and budget decisions and sends the evictions to the worker as drops. A store
-shared with other engines (Mooncake) also holds blocks this engine never
-stored: a ``shared`` probe asks the store for the blocks the index lacks.
+failed to store or load, and drops a tenant's keys beyond its share. The store
+(Mooncake) evicts on its own and also holds blocks this engine never stored:
+a ``shared`` probe asks the store for the blocks the index lacks.
 """
 
 from __future__ import annotations
@@ -82,15 +81,13 @@ class TierPlanner:
     """Plans tier transfers for tracked (hinted) requests.
 
     Args:
-        index: the keys the tier holds, with the budget for a tier the planner
-            owns (``owns_eviction``) or a bookkeeping bound for a shared store.
+        index: the keys the store holds, a bookkeeping bound: the store
+            evicts on its own (and other engines may still use a key); a
+            tenant's keys beyond its share of the index
+            (``KeyIndex.owner_budget_bytes``) are dropped.
         namespace: model + KV layout fingerprint mixed into every key.
         block_size: tokens per vLLM block.
         block_bytes: bytes of one packed block (all layers).
-        owns_eviction: send the index's evictions to the worker as drops (host
-            tier); a shared store evicts on its own and others may still use a
-            key. A tenant's keys beyond its share of the index
-            (``KeyIndex.owner_budget_bytes``) are dropped either way.
         shared: for a shared store, how many of the given keys, from the first,
             the store holds (keys as the planner names them). Asked at most
             once per request for the blocks past the index's leading hits;
@@ -118,18 +115,14 @@ class TierPlanner:
         block_size: int,
         block_bytes: int,
         *,
-        owns_eviction: bool,
         shared: Callable[[Sequence[str]], int] | None = None,
         secret: bytes | None = None,
         payoff: TierPayoff | None = None,
     ) -> None:
-        if shared is not None and owns_eviction:
-            raise ValueError("a shared store evicts on its own: owns_eviction must be False")
         self.index = index
         self._namespace = namespace
         self._block_size = block_size
         self._block_bytes = block_bytes
-        self._owns_eviction = owns_eviction
         self._shared = shared
         self._secret = secret
         self._tracked: dict[str, _Tracked] = {}
@@ -259,9 +252,9 @@ class TierPlanner:
                         ops.drops.append(victim)
                 evicted = self.index.add(key, self._block_bytes, entry.pin_s, entry.tenant)
                 for victim in evicted:
-                    # A key saved earlier in this same step is simply not saved.
-                    if saves.pop(victim, None) is None and self._owns_eviction and victim != key:
-                        ops.drops.append(victim)
+                    # A key saved earlier in this same step is simply not saved
+                    # (the store evicts the others on its own).
+                    saves.pop(victim, None)
                 if key not in evicted:
                     saves[key] = (p.block_ids[i], entry.pin_s)
             entry.saved = max(entry.saved, full)
