@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._config import ExtensionConfig, ExtensionConfigError
-from ._launcher import extension_flags, vllm_command
+from ._launcher import extension_flags, offloading_transfer, transfer_config, vllm_command
 from ._local import LocalServer, ServerStartError, local_server, stop_local_servers
 from ._testmodel import make_test_model
 
@@ -26,7 +26,9 @@ __all__ = [
     "extension_flags",
     "local_server",
     "make_test_model",
+    "offloading_transfer",
     "stop_local_servers",
+    "transfer_config",
     "vllm_command",
 ]
 

@@ -27,7 +27,7 @@ from typing import IO
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ._launcher import extension_env, vllm_command
+from ._launcher import extension_env, offloading_transfer, vllm_command
 from .tier import TIER_SECRET_ENV
 
 __all__ = [
@@ -134,8 +134,16 @@ def local_server(
     startup_timeout: float = 600.0,
     log_dir: str | Path | None = None,
     env: Mapping[str, str] | None = None,
+    offload_bytes: int | None = None,
 ) -> Iterator[LocalServer]:
-    """Start vLLM (CPU build, dummy weights) on 127.0.0.1 and stop it on exit."""
+    """Start vLLM (CPU build, dummy weights) on 127.0.0.1 and stop it on exit.
+
+    ``offload_bytes`` (without the extension): vLLM's own KV offloading with
+    that much host memory and vLLM's LRU, reading no hint (the hint-free
+    baseline: ``server_ext.offloading_transfer``).
+    """
+    if offload_bytes is not None and extension:
+        raise ValueError("offload_bytes is the hint-free baseline: the extension sets its own tier")
     port = free_port()
     vllm_args = [
         "--served-model-name", served_model_name,
@@ -153,6 +161,9 @@ def local_server(
         "--disable-uvicorn-access-log",
         *args,
     ]  # fmt: skip
+    if offload_bytes is not None:
+        transfer = offloading_transfer(offload_bytes, hints=False)
+        vllm_args += ["--kv-transfer-config", json.dumps(transfer)]
     command = vllm_command(
         str(model_dir), vllm_args, extension=extension, extra_config=extra_config,
         python=sys.executable,
@@ -165,7 +176,8 @@ def local_server(
         stderr=subprocess.STDOUT,
         env={
             TIER_SECRET_ENV: _TEST_BED_TIER_SECRET,
-            **(extension_env(vllm_args) if extension else {}),
+            # vLLM's CPU build reserves cores by whether a connector is configured.
+            **(extension_env(vllm_args) if extension or offload_bytes is not None else {}),
             **os.environ,
             **(env or {}),
         },
