@@ -19,6 +19,16 @@ from ._control import (
     ToolStart,
     parse_control,
 )
+from ._envelope import (
+    KV_HINTS_ACTION_TYPE,
+    KV_HINTS_ACTION_VERSION,
+    KV_HINTS_PROTOCOL_VERSION,
+    SessionAction,
+    find_session_action,
+    from_kv_hints_action,
+    to_kv_hints_action,
+    to_kv_hints_envelope,
+)
 from ._errors import HintError, HintErrorCode
 from ._header import combine_field_lines, parse_header, serialize_header
 from ._interop import OTEL_CONVERSATION_ID, SESSION_HEADER, from_interop, merge_hints
@@ -42,6 +52,9 @@ __all__ = [
     "CONTROL_PATH",
     "HEADER_NAME",
     "ID_PATTERN",
+    "KV_HINTS_ACTION_TYPE",
+    "KV_HINTS_ACTION_VERSION",
+    "KV_HINTS_PROTOCOL_VERSION",
     "MAX_CHILDREN",
     "MAX_EVENTS",
     "MAX_ID_LENGTH",
@@ -61,15 +74,20 @@ __all__ = [
     "HintError",
     "HintErrorCode",
     "Outcome",
+    "SessionAction",
     "ToolEnd",
     "ToolStart",
     "combine_field_lines",
+    "find_session_action",
     "from_interop",
+    "from_kv_hints_action",
     "merge_hints",
     "parse_body",
     "parse_control",
     "parse_header",
     "resolve_hints",
     "serialize_header",
+    "to_kv_hints_action",
+    "to_kv_hints_envelope",
     "to_vllm_fields",
 ]

@@ -9,12 +9,14 @@ from typing import Any
 
 from ._body import parse_body
 from ._control import parse_control
+from ._envelope import SessionAction, find_session_action, from_kv_hints_action, to_kv_hints_action
 from ._errors import HintError, HintErrorCode
 from ._header import parse_header, serialize_header
 from ._resolve import resolve_hints
 
 VECTORS_DIR = Path(__file__).with_name("vectors")
-KINDS = ("header", "body", "serialize", "control", "interop")
+KINDS = ("header", "body", "serialize", "control", "interop", "kv_hints")
+_KV_HINTS_FORMS = ("hints", "action", "envelope")  # a kv_hints input has exactly one
 _CODES = frozenset(code.value for code in HintErrorCode)
 
 
@@ -74,6 +76,13 @@ def _case(file: str, kind: str, raw: object) -> Case:
         raise VectorFormatError(
             f"{file}: {raw['name']}: needs input {{headers, body}} objects and an 'ignored' array"
         )
+    if kind == "kv_hints" and not (
+        isinstance(raw["input"], dict)
+        and sum(form in raw["input"] for form in _KV_HINTS_FORMS) == 1
+    ):
+        raise VectorFormatError(
+            f"{file}: {raw['name']}: needs an input object with one of hints, action, envelope"
+        )
     return Case(
         file, kind, raw["name"], raw["input"], raw.get("expected"), raw.get("error"), tuple(ignored)
     )
@@ -100,9 +109,26 @@ def _outcome(case: Case) -> tuple[Any, tuple[str, ...]]:
                 for event in events
             ],
         }, ()
+    if case.kind == "kv_hints":
+        return _kv_hints(case.input), ()
     merged, errors = resolve_hints(case.input.get("headers", {}), case.input.get("body", {}))
     ignored = [source for source, _ in errors]
     return (None if merged is None else merged.normalized()), tuple(ignored)
+
+
+def _kv_hints(given: dict[str, Any]) -> Any:
+    """Encode a body-form hint to its action, or decode an action or an envelope."""
+    if "hints" in given:
+        hints = parse_body(given["hints"])
+        return to_kv_hints_action(hints, tenant=given.get("tenant"), tool=given.get("tool"))
+    if "action" in given:
+        return _session(from_kv_hints_action(given["action"]))
+    found = find_session_action(given["envelope"])
+    return None if found is None else _session(found)
+
+
+def _session(action: SessionAction) -> dict[str, object]:
+    return {"hints": action.hints.normalized(), "tenant": action.tenant, "tool": action.tool}
 
 
 def check_case(case: Case) -> str | None:
