@@ -85,7 +85,7 @@ from ._engine import EngineRetention, control_params, read_control, read_hint_pa
 from ._headroom import Headroom
 from ._launcher import RESERVED_CPU_ENV
 from ._pool import HoldPort, ShelfPort, allocate_after_room
-from .offload import lower_to_envelope
+from .offload import lower_to_envelope, policy_counters
 from .policy import RetentionPolicy, StepTimer
 from .tier import (
     BlockCodec,
@@ -297,8 +297,24 @@ _COUNTERS = {
     "tier_cost_seconds": "Engine step seconds the tier spent saving and loading",
     "tier_spared_seconds": "Prefill seconds the tier's loads spared (at the engine's timed "
     "seconds per prefill token)",
+    "tier_ended_branches": "Branches whose end (hint or event) released their offloaded KV "
+    "(vLLM's offloading tier, the extension's cache policy)",
+    "tier_expired_branches": "Branches whose ttl passed without a return, releasing their "
+    "offloaded KV",
+    "tier_released_chunks": "Offloaded KV chunks moved ahead of LRU order for eviction (no "
+    "live branch and no unhinted request used them)",
+    "tier_released_evicted": "Released offloaded KV chunks evicted (each one a chunk LRU would "
+    "have kept in place of a live branch's)",
 }
-_STATE_COUNTERS = ("ends", "returns", "replacements", "clipped", "rejected")
+_STATE_COUNTERS = (
+    "ends",
+    "returns",
+    "replacements",
+    "clipped",
+    "rejected",
+    "tier_ended_branches",
+    "tier_released_chunks",
+)
 """Counters that move, per event or request, with whether the session a client
 named is retained: a `tool_end` for a guessed id moves ``rejected`` only when
 nothing is retained. ``/metrics`` is open to anyone, so they are exported only
@@ -927,6 +943,8 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
             now["order_cost_blocks"] = self._shelf.payoff.total_cost
         if self._headroom is not None:
             now["headroom_armed"] = float(self._headroom.armed)
+        if self._offloaded and (policy := policy_counters()) is not None:
+            now.update({f"tier_{name}": value for name, value in policy.items()})
         if self._planner is not None:
             counters = dataclasses.asdict(self._planner.counters)
             now.update({f"tier_{name}": value for name, value in counters.items()})

@@ -258,3 +258,17 @@ def test_evict_is_atomic() -> None:
     assert policy.evict(2, {_key(1)}) is None
     assert all(policy.get(_key(i)) is not None for i in range(3))
     assert [k for k, _ in policy.evict(1, {_key(1)}) or []] == [_key(2)]
+
+
+def test_an_end_control_event_releases_like_an_end_hint() -> None:
+    from server_ext._engine import control_params
+
+    manager = _manager("AgentHintsCachePolicy", 8)
+    a = [_key(i) for i in range(4)]
+    b = [_key(i) for i in range(10, 14)]
+    serve(manager, b, _hinted(sid="B"))
+    serve(manager, a, _hinted(sid="A"))
+    serve(manager, [], control_params("t2", "A", [{"type": "end"}]))  # another tenant's
+    assert set(serve(manager, [_key(20)], _hinted(sid="C"))) <= set(b)
+    serve(manager, [], control_params("t1", "A", [{"type": "end"}]))
+    assert set(serve(manager, [_key(21)], _hinted(sid="C"))) <= set(a)

@@ -4,7 +4,12 @@ A 1,536-token session prefix (24 blocks) is retained, released under pressure by
 two 1,900-token floods and evicted from device; when the session returns its
 prefix comes back from the tier, and greedy output over the loaded KV equals
 the output over the device-cached KV, so the loaded KV is what was stored.
-With Mooncake, the master is then killed: every request is still served.
+
+The host tier is vLLM's own ``OffloadingConnector`` (its metrics count the
+bytes it moved) with the extension's cache policy, beside the extension's
+connector in vLLM's ``MultiConnector`` (its metrics show retention, headroom
+and the policy at work). With Mooncake, the master is then killed: every
+request is still served.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ def tier_server(
             "max_held_fraction": 1.0,
             "max_tenant_fraction": 1.0,
             "order_trial": False,
+            "state_metrics": True,
         },
         log_dir=log_dir,
         startup_timeout=600,  # the 2 cores are shared with other workers' servers
@@ -108,39 +114,54 @@ def evict(server: LocalServer, seed: int) -> None:
         complete(server, tokens(seed + i, FLOOD))
 
 
-def check_returns_from_tier(server: LocalServer, sid: str, seed: int) -> None:
+@dataclass(frozen=True)
+class Books:
+    """Where a tier's metrics count what it stored and loaded."""
+
+    saved: str  # a counter that grows when the tier stores
+    loaded: str  # a counter that grows when it loads
+    per_block: bool  # ``loaded`` counts blocks (else bytes, like ``saved``)
+
+
+HOST = Books(
+    'vllm:kv_offload_total_bytes_total{engine="0",model_name="tiny",transfer_type="GPU_to_CPU"}',
+    'vllm:kv_offload_total_bytes_total{engine="0",model_name="tiny",transfer_type="CPU_to_GPU"}',
+    per_block=False,
+)
+MOONCAKE = Books(
+    "agent_hints_tier_bytes_moved_total", "agent_hints_tier_hits_total", per_block=True
+)
+
+
+def check_returns_from_tier(server: LocalServer, sid: str, seed: int, books: Books) -> None:
     session = tokens(seed, SESSION)
     hints = f'v=1, sid="{sid}", ttl={TTL_S}'
-    moved = metric(server, "agent_hints_tier_bytes_moved_total")
+    saved = metric(server, books.saved)
     cold = complete(server, session, hints)
     assert cold.cached == 0
-    assert wait_metric(server, "agent_hints_tier_bytes_moved_total", moved + 1) > moved
+    stored = wait_metric(server, books.saved, saved + 1) - saved
     device = complete(server, session, hints)  # device prefix cache: the reference
-    assert device.cached == SESSION - 64
+    # Every block but the last, which vLLM computes; vLLM's offloading may
+    # load that one too (it counts as cached, the last token is recomputed).
+    assert device.cached >= SESSION - 64
 
-    hits_before = metric(server, "agent_hints_tier_hits_total")
+    loaded_before = metric(server, books.loaded)
     evict(server, seed * 10)
     loaded = complete(server, session, hints)
-    tier_blocks = wait_metric(server, "agent_hints_tier_hits_total", hits_before + 1) - hits_before
-    after = server.metrics()
+    moved = wait_metric(server, books.loaded, loaded_before + 1) - loaded_before
+    # In blocks: bytes over the bytes one block of the session took to store.
+    tier_blocks = moved if books.per_block else moved / (stored / (SESSION // 64))
     print(
         f"\n[{sid}] cold {cold.seconds * 1000:.0f} ms, device hit {device.seconds * 1000:.0f} ms,"
         f" tier load {loaded.seconds * 1000:.0f} ms; cached {loaded.cached} tokens,"
-        f" {tier_blocks:.0f} blocks from the tier; bytes moved"
-        f" {after['agent_hints_tier_bytes_moved_total']:.0f}"
+        f" {tier_blocks:.0f} blocks from the tier"
     )
     assert tier_blocks >= (SESSION // 64) * 3 // 4  # most of the prefix left the device
-    assert loaded.cached == SESSION - 64  # vLLM counts loaded tokens as cached
+    assert loaded.cached >= SESSION - 64  # vLLM counts loaded tokens as cached
     # Greedy output over the loaded KV equals the output when it was computed
     # (cold) and over the device-cached KV: the loaded KV is what was stored.
     assert loaded.text == device.text == cold.text
-    assert after["agent_hints_tier_load_failures_total"] == 0
-    assert after["agent_hints_faults_total"] == 0
-    # The tier's books: its transfers took engine time, its loads spared
-    # prefill (timed on this engine's steps), and it is still saving.
-    assert after["agent_hints_tier_cost_seconds_total"] > 0
-    assert after["agent_hints_tier_spared_seconds_total"] > 0
-    assert after["agent_hints_tier_saving"] == 1
+    assert metric(server, "agent_hints_faults_total") == 0
 
 
 def end(server: LocalServer, sid: str) -> None:
@@ -148,18 +169,26 @@ def end(server: LocalServer, sid: str) -> None:
     assert server.post_json("/v1/agent-hints/events", control)[0] == 200
 
 
-def test_evicted_prefix_returns_from_the_host_tier(host_server: LocalServer) -> None:
-    check_returns_from_tier(host_server, "host", seed=1)
+def test_evicted_prefix_returns_from_vllms_offloading(host_server: LocalServer) -> None:
+    check_returns_from_tier(host_server, "host", seed=1, books=HOST)
+    after = host_server.metrics()
+    # The extension's connector runs beside vLLM's inside MultiConnector:
+    # hints reached retention, and admission headroom is on.
+    assert after["agent_hints_holds_total"] > 0
+    assert "agent_hints_headroom_armed" in after
     end(host_server, "host")
 
 
-def test_unhinted_requests_stay_out_of_the_tier(host_server: LocalServer) -> None:
-    before = metric(host_server, "agent_hints_tier_bytes_moved_total")
-    prompt = tokens(9, 640)
-    complete(host_server, prompt)
-    complete(host_server, prompt)
-    time.sleep(0.5)
-    assert metric(host_server, "agent_hints_tier_bytes_moved_total") == before
+def test_an_end_reaches_the_offloading_tiers_policy(host_server: LocalServer) -> None:
+    """The end event travels the control endpoint into vLLM's offloading
+    manager, whose cache policy releases the session's offloaded KV."""
+    released = metric(host_server, "agent_hints_tier_released_chunks_total")
+    ended = metric(host_server, "agent_hints_tier_ended_branches_total")
+    complete(host_server, tokens(3, 640), 'v=1, sid="short", gap=5')
+    end(host_server, "short")
+    complete(host_server, tokens(4, 128))  # a step: vLLM's offloading finishes requests in one
+    assert wait_metric(host_server, "agent_hints_tier_ended_branches_total", ended + 1) > ended
+    assert metric(host_server, "agent_hints_tier_released_chunks_total") >= released + 640 // 64
 
 
 def wait_for_the_store(server: LocalServer, timeout: float = 120.0) -> None:
@@ -198,7 +227,13 @@ def test_mooncake_tier_loads_and_a_dead_master_never_fails_a_request(
     }
     with tier_server(test_model_dir, tmp_path, tier) as server:
         wait_for_the_store(server)
-        check_returns_from_tier(server, "moon", seed=5)
+        check_returns_from_tier(server, "moon", seed=5, books=MOONCAKE)
+        after = server.metrics()
+        assert after["agent_hints_tier_load_failures_total"] == 0
+        # The store's books: its transfers took engine time, its loads spared
+        # prefill (timed on this engine's steps).
+        assert after["agent_hints_tier_cost_seconds_total"] > 0
+        assert after["agent_hints_tier_spared_seconds_total"] > 0
         reference = complete(server, tokens(5, SESSION), 'v=1, sid="moon", gap=30').text
 
         mooncake.stop()

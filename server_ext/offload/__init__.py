@@ -21,7 +21,7 @@ and ``KvHintsEnvelope`` / ``KvHintAction``.
 """
 
 from ._hints import lower_to_envelope, session_action
-from ._policy import AgentHintsCachePolicy, PolicyCounters
+from ._policy import AgentHintsCachePolicy, PolicyCounters, policy_counters
 from ._spec import HostOffloadingSpec
 from ._worker import HostOffloadingWorker
 
@@ -31,5 +31,6 @@ __all__ = [
     "HostOffloadingWorker",
     "PolicyCounters",
     "lower_to_envelope",
+    "policy_counters",
     "session_action",
 ]

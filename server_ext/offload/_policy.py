@@ -11,7 +11,9 @@ whole session) or outlived the ``ttl`` it asked for without coming back,
 and no unhinted request used it. Among those, and among the rest, the least
 recently used goes first. A request that carries no hint only refreshes
 recency, so for traffic without hints the policy *is* LRU (tested against
-vLLM's ``LRUCachePolicy``).
+vLLM's ``LRUCachePolicy``). An ``end`` may also come as a control event (the
+extension's control endpoint reaches vLLM's offloading as a request with no
+blocks).
 
 Owners are scoped by tenant: one tenant's ``end`` cannot release the chunks
 that another tenant's session used.
@@ -22,17 +24,20 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 
 from hints_spec import ROOT_BRANCH, SessionAction
 
+from .._engine import read_control
 from ._hints import session_action
 
-__all__ = ["AgentHintsCachePolicy", "PolicyCounters"]
+__all__ = ["AgentHintsCachePolicy", "PolicyCounters", "policy_counters"]
 
 _Owner = tuple[str, str, str]
 """(tenant, session, branch) of a hinted request."""
@@ -51,7 +56,9 @@ DEFAULT_TTL_CAP_S = 600.0
 
 
 class PolicyCounters:
-    """What the policy did, for tests and the books (cumulative)."""
+    """What the policy did (cumulative): branches released by an end and by
+    their ttl, chunks moved to the first-to-go class, and those evicted
+    from it (each one a chunk LRU would have kept in place of a live one)."""
 
     __slots__ = ("ended_branches", "expired_branches", "released_chunks", "released_evicted")
 
@@ -60,6 +67,20 @@ class PolicyCounters:
         self.expired_branches = 0
         self.released_chunks = 0
         self.released_evicted = 0
+
+
+_LIVE: weakref.WeakSet[AgentHintsCachePolicy] = weakref.WeakSet()
+"""The policies of this process: vLLM builds them inside its offloading
+manager, out of the extension connector's reach, so the connector's metrics
+find them here (one engine core per process)."""
+
+
+def policy_counters() -> dict[str, int] | None:
+    """The summed counters of this process's policies, or None without one."""
+    live = list(_LIVE)
+    if not live:
+        return None
+    return {name: sum(getattr(p.counters, name) for p in live) for name in PolicyCounters.__slots__}
 
 
 class _Hinted:
@@ -102,6 +123,7 @@ class AgentHintsCachePolicy(CachePolicy):
         self._clock = clock
         self._ttl_cap_s = ttl_cap_s
         self.counters = PolicyCounters()
+        _LIVE.add(self)
 
     # -- CachePolicy: storage
 
@@ -150,6 +172,10 @@ class AgentHintsCachePolicy(CachePolicy):
         reused_keys: set[OffloadKey],
         req_context: ReqContext,
     ) -> None:
+        control = read_control(req_context.kv_transfer_params)
+        if control is not None:  # the extension's control message: no blocks
+            self._control(control)
+            return
         # The manager hands each group head to tail: the head most recent, as
         # vLLM's LRU ranks it (a chain is useless without its first block).
         self._access([key for group in key_groups for key in group], req_context)
@@ -241,6 +267,22 @@ class AgentHintsCachePolicy(CachePolicy):
         for branch in ended:
             self.counters.ended_branches += 1
             self._release(branch)
+
+    def _control(self, message: Mapping[str, Any]) -> None:
+        """``end`` events of a control message (``server_ext._engine.control_params``,
+        built by the API server for its tenant): as an ``end`` hint."""
+        tenant, sid, events = message.get("tenant"), message.get("sid"), message.get("events")
+        if not (isinstance(tenant, str) and isinstance(sid, str) and isinstance(events, list)):
+            return
+        self._expire()
+        for event in events:
+            if not isinstance(event, Mapping) or event.get("type") != "end":
+                continue
+            br = event.get("br")
+            if br is None or br == ROOT_BRANCH:
+                self._end((tenant, sid, ROOT_BRANCH), whole_session=True)
+            elif isinstance(br, str):
+                self._end((tenant, sid, br), whole_session=False)
 
     def _release(self, owner: _Owner) -> None:
         """``owner`` is done: each of its chunks that no other owner holds
