@@ -80,7 +80,7 @@ from vllm.entrypoints.serve.middleware.authenticate import (
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.request import RequestStatus
 
-from ._config import ExtensionConfig, extension_extra
+from ._config import MULTI_CONNECTOR, OFFLOADING_CONNECTOR, ExtensionConfig, extension_extra
 from ._engine import EngineRetention, control_params, read_control, read_hint_params
 from ._headroom import Headroom
 from ._launcher import RESERVED_CPU_ENV
@@ -157,7 +157,25 @@ def connector_config(app_state: Any) -> ExtensionConfig | None:
     if kv is None:
         return None
     extra = extension_extra(kv.kv_connector, kv.kv_connector_extra_config)
-    return None if extra is None else ExtensionConfig.from_mapping(extra)
+    if extra is None:
+        return None
+    tier = TierConfig.from_mapping(extra)
+    if tier is not None and tier.kind == "host" and not _offloading_beside(kv):
+        logger.warning(
+            'agent-hints: "tier": "host" is vLLM\'s OffloadingConnector beside this connector '
+            "in a MultiConnector (as `python -m server_ext serve` launches it); this launch has "
+            'none, so there is no host tier (say "tier": "none" to silence this)'
+        )
+    return ExtensionConfig.from_mapping(extra)
+
+
+def _offloading_beside(kv: Any) -> bool:
+    """Whether ``kv`` composes vLLM's offloading connector with the extension's."""
+    children = (kv.kv_connector_extra_config or {}).get("connectors")
+    return kv.kv_connector == MULTI_CONNECTOR and any(
+        isinstance(c, Mapping) and c.get("kv_connector") == OFFLOADING_CONNECTOR
+        for c in (children if isinstance(children, list) else ())
+    )
 
 
 class ApiKeys:

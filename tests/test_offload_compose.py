@@ -129,3 +129,21 @@ def test_hints_are_lowered_into_vllms_envelope_beside_other_actions() -> None:
     alone = lower_to_envelope(KvHintsEnvelope("1", "m2", [theirs, forged]), None)
     assert alone is not None and [a.action_id for a in alone.actions] == ["x"]
     assert lower_to_envelope(None, None) is None
+
+
+def test_a_host_tier_without_vllms_offloading_beside_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def state(kv_connector: str, extra: object) -> SimpleNamespace:
+        kv = SimpleNamespace(kv_connector=kv_connector, kv_connector_extra_config=extra)
+        return SimpleNamespace(vllm_config=SimpleNamespace(kv_transfer_config=kv))
+
+    with caplog.at_level("WARNING", logger="server_ext._vllm"):
+        assert connector_config(state(CONNECTOR_NAME, {})) is not None  # the default: host
+    assert "no host tier" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="server_ext._vllm"):
+        composed = transfer_config({})
+        connector_config(state("MultiConnector", composed["kv_connector_extra_config"]))
+        connector_config(state(CONNECTOR_NAME, {"tier": "none"}))
+    assert "no host tier" not in caplog.text
