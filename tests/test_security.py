@@ -29,6 +29,7 @@ import httpx
 import pytest
 import torch
 from fastapi import FastAPI, Request
+from tier_fakes import MemoryTier
 from vllm.entrypoints.serve.middleware.register import init_entrypoints_middleware
 
 from agentsdk import (
@@ -59,7 +60,6 @@ from server_ext.tier import (
     BlockCodec,
     BlockProgress,
     GuardedTier,
-    HostTier,
     KeyIndex,
     TierConfig,
     TierConfigError,
@@ -372,7 +372,7 @@ def _kv(blocks: int = 16) -> dict[str, torch.Tensor]:
 
 def _stored_planner(**index: Any) -> TierPlanner:
     """A planner whose tier holds blocks 0-2 of ``HASHES`` for tenant t."""
-    plan = TierPlanner(KeyIndex(None, **index), "ns", BS, 10, owns_eviction=True)
+    plan = TierPlanner(KeyIndex(None, **index), "ns", BS, 10)
     plan.track("first", "t", pin_s=0)
     plan.step([BlockProgress("first", HASHES[:4], [0, 1, 2, 3], 3 * BS)])
     plan.finished("first")
@@ -386,8 +386,8 @@ def _reported(ops: TierOps) -> set[int]:
     from server_ext._vllm import AgentHintsConnector, AgentHintsMetadata
 
     connector = object.__new__(AgentHintsConnector)
-    connector._tier_config = TierConfig.from_mapping({"tier": "host"})
-    connector._tier_worker = TierWorker(HostTier(None), BlockCodec(_kv(), 16))
+    connector._tier_config = TierConfig.from_mapping({"tier": "mooncake"})
+    connector._tier_worker = TierWorker(MemoryTier(), BlockCodec(_kv(), 16))
     connector._load_errors = set()
     connector.bind_connector_metadata(AgentHintsMetadata(ops))
     connector.start_load_kv(None)
@@ -414,11 +414,11 @@ def test_a_fault_after_tier_tokens_were_promised_is_a_load_error_not_wrong_kv() 
     assert _reported(plan.abandon()) == {20, 21, 22}
 
 
-class SlowTier(HostTier):
+class SlowTier(MemoryTier):
     """Alive, but every call takes ``delay_s``."""
 
     def __init__(self, delay_s: float) -> None:
-        super().__init__(None)
+        super().__init__()
         self.delay_s = delay_s
 
     def put(self, key: str, value: torch.Tensor, pin_s: float = 0.0) -> bool:
@@ -434,6 +434,16 @@ def test_a_slow_store_costs_a_step_its_budget_not_a_timeout_per_block() -> None:
     slow = SlowTier(0.15)
     tier = GuardedTier(lambda: slow, timeout_s=1.0)
     worker = TierWorker(tier, BlockCodec(_kv(20), 20), budget_s=0.3)
+    # The worker connects in the background (the engine's start-up covers it);
+    # a call before the connection is up is an error at once, one after is not.
+    deadline = time.monotonic() + 5
+    while True:
+        errors = tier.stats.errors
+        tier.contains([])
+        if tier.stats.errors == errors:
+            break
+        assert time.monotonic() < deadline, "the tier never connected"
+        time.sleep(0.01)
     start = time.monotonic()
     worker.save([(f"k{i}", i, 0.0) for i in range(20)], drops=[])
     assert time.monotonic() - start < 0.6  # 20 puts at 0.15 s took 3 s
@@ -447,7 +457,7 @@ def test_a_slow_store_costs_a_step_its_budget_not_a_timeout_per_block() -> None:
 
 
 def test_one_tenant_cannot_push_another_out_of_the_tier() -> None:
-    plan = TierPlanner(KeyIndex(100, owner_budget_bytes=50), "ns", BS, 10, owns_eviction=True)
+    plan = TierPlanner(KeyIndex(100, owner_budget_bytes=50), "ns", BS, 10)
     plan.track("b", "bob", pin_s=0)
     plan.step([BlockProgress("b", HASHES[:3], [0, 1, 2], 3 * BS)])
     for n in range(4):  # alice saves 16 blocks: 10 would fit in the whole tier

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import pytest
 from vllm.config import KVTransferConfig
 
 from hints_spec import AgentHints
 from server_ext import extension_flags
+from server_ext._config import CONNECTOR_NAME, MULTI_CONNECTOR, OFFLOADING_CONNECTOR
 from server_ext._engine import TENANT_KEY, hint_params
 from server_ext._vllm import (
     AgentHintsConnector,
@@ -51,38 +53,65 @@ def test_the_connector_asks_no_reliable_kv_delivery() -> None:
     assert prop.fget(object.__new__(AgentHintsConnector)) is False
 
 
-def _role(extra: dict[str, object]) -> str:
+def _transfer(extra: Mapping[str, object]) -> dict[str, Any]:
     flags = extension_flags(extra)
-    role = json.loads(flags[flags.index("--kv-transfer-config") + 1])["kv_role"]
+    transfer: dict[str, Any] = json.loads(flags[flags.index("--kv-transfer-config") + 1])
+    return transfer
+
+
+def _role(extra: Mapping[str, object]) -> str:
+    """The extension connector's ``kv_role``, alone or inside vLLM's ``MultiConnector``."""
+    transfer = _transfer(extra)
+    if transfer["kv_connector"] == MULTI_CONNECTOR:
+        ours = [
+            c
+            for c in transfer["kv_connector_extra_config"]["connectors"]
+            if c["kv_connector"] == CONNECTOR_NAME
+        ]
+        assert len(ours) == 1
+        transfer = ours[0]
+    assert transfer["kv_connector"] == CONNECTOR_NAME
+    role = transfer["kv_role"]
     assert isinstance(role, str)
     return role
 
 
-def test_only_a_tier_makes_the_connector_a_kv_consumer() -> None:
+def test_only_a_tier_of_its_own_makes_the_connector_a_kv_consumer() -> None:
     # A consumer's finished blocks are freed a step late under async scheduling:
-    # without a tier nothing is loaded, so nothing should pay for that.
+    # a connector that loads nothing should not make anything pay for that. The
+    # host tier is vLLM's offloading beside the connector, which loads it.
     assert _role({"tier": "none"}) == "kv_producer"
     assert _role({"tier": "none", "max_held_fraction": 0.5}) == "kv_producer"
-    assert _role({}) == "kv_both"  # the default tier: host memory
-    assert _role({"tier": "host"}) == "kv_both"
+    assert _role({}) == "kv_producer"  # the default tier: host memory
+    assert _role({"tier": "host"}) == "kv_producer"
     assert _role({"tier": "mooncake"}) == "kv_both"
     with pytest.raises(TierConfigError, match="'tier'"):
         extension_flags({"tier": "disk"})
 
 
-def test_a_tier_without_the_consumer_role_is_refused_the_default_gives_way(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_the_host_tier_is_vllms_offloading_beside_the_connector() -> None:
+    transfer = _transfer({"tier": "host", "tier_bytes": 1 << 20})
+    assert (transfer["kv_connector"], transfer["kv_role"]) == (MULTI_CONNECTOR, "kv_both")
+    ours, offloading = transfer["kv_connector_extra_config"]["connectors"]
+    # The extension's connector first: it lowers hints into vLLM's kv_hints.
+    assert ours["kv_connector"] == CONNECTOR_NAME
+    assert offloading["kv_connector"] == OFFLOADING_CONNECTOR
+    assert offloading["kv_connector_extra_config"]["cpu_bytes_to_use"] == 1 << 20
+    for extra in ({"tier": "none"}, {"tier": "mooncake"}):  # the connector alone
+        assert _transfer(extra)["kv_connector"] == CONNECTOR_NAME
+
+
+def test_only_mooncake_is_a_tier_of_the_connector_and_needs_the_consumer_role() -> None:
     def transfer(role: Literal["kv_producer", "kv_both"]) -> KVTransferConfig:
         return KVTransferConfig(kv_connector="AgentHintsConnector", kv_role=role)
 
     with pytest.raises(TierConfigError, match=r"kv_role='kv_producer'.*kv_both"):
-        _tier_for_role({"tier": "host"}, transfer("kv_producer"))
-    assert _tier_for_role({"tier": "host"}, transfer("kv_both")) is not None
-    assert _tier_for_role({"tier": "none"}, transfer("kv_producer")) is None
-    # A launch written before the tier was the default (kv_producer, no tier
-    # key) starts as it did, without a tier, and says why.
-    assert _tier_for_role({}, transfer("kv_producer")) is None
-    assert "no KV tier" in caplog.text
-    default = _tier_for_role({}, transfer("kv_both"))
-    assert default is not None and default.kind == "host"
+        _tier_for_role({"tier": "mooncake"}, transfer("kv_producer"))
+    mooncake = _tier_for_role({"tier": "mooncake"}, transfer("kv_both"))
+    assert mooncake is not None and mooncake.kind == "mooncake"
+    # The host tier (named or the default) runs in vLLM's offloading connector:
+    # this one runs none, whatever its role.
+    for role in ("kv_producer", "kv_both"):
+        assert _tier_for_role({"tier": "host"}, transfer(role)) is None
+        assert _tier_for_role({}, transfer(role)) is None
+        assert _tier_for_role({"tier": "none"}, transfer(role)) is None

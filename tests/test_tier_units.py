@@ -1,4 +1,4 @@
-"""Unit tests of the KV tier: host pool, key index, codec, planner, worker, guard."""
+"""Unit tests of the Mooncake tier's pieces: key index, codec, planner, worker, guard."""
 
 from __future__ import annotations
 
@@ -8,20 +8,23 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from tier_fakes import MemoryTier
 
 from server_ext.tier import (
+    TIER_SECRET_ENV,
     BlockCodec,
     BlockProgress,
     GuardedTier,
-    HostTier,
     KeyIndex,
     KVTier,
     TierConfig,
     TierConfigError,
     TierPayoff,
     TierPlanner,
+    TierStats,
     TierWorker,
     block_key,
+    kv_role,
 )
 
 
@@ -37,55 +40,42 @@ def blob(seed: int, n: int = 100) -> torch.Tensor:
     return torch.full((n,), seed % 256, dtype=torch.uint8)
 
 
-def test_host_tier_keeps_to_budget_lru_first() -> None:
-    tier = HostTier(budget_bytes=300)
+def test_key_index_keeps_to_budget_lru_first() -> None:
+    index = KeyIndex(300)
     for k in ("a", "b", "c"):
-        assert tier.put(k, blob(1))
-    assert tier.get("a") is not None  # a is now most recently used
-    assert tier.put("d", blob(2))
-    assert tier.bytes_used == 300
-    assert tier.contains(["a", "c", "d"]) == 3
-    assert tier.get("b") is None  # the LRU key went
-    assert tier.stats.evictions == 1
-    assert not tier.put("huge", blob(3, 301))  # larger than the whole budget
-    assert tier.contains(["a", "c", "d"]) == 3
+        assert index.add(k, 100) == []
+    index.touch(["a"])  # a is now most recently used
+    assert index.add("d", 100) == ["b"]  # the LRU key went
+    assert (index.bytes_used, len(index)) == (300, 3)
+    assert index.leading(["a", "c", "d"]) == 3 and "b" not in index
+    assert index.add("huge", 301) == ["huge"]  # larger than the whole budget
+    assert index.leading(["a", "c", "d"]) == 3 and "huge" not in index
+    assert index.bytes_used == 300
 
 
-def test_contains_counts_leading_keys_only() -> None:
-    tier = HostTier(budget_bytes=None)
-    tier.put("a", blob(1))
-    tier.put("c", blob(1))
-    assert tier.contains(["a", "b", "c"]) == 1
-    assert tier.contains([]) == 0
+def test_leading_counts_leading_keys_only() -> None:
+    index = KeyIndex(None)
+    index.add("a", 100)
+    index.add("c", 100)
+    assert index.leading(["a", "b", "c"]) == 1
+    assert index.leading([]) == 0
 
 
 def test_soft_pins_are_evicted_last_and_expire() -> None:
     clock = Clock()
-    tier = HostTier(budget_bytes=200, clock=clock)
-    tier.put("pinned", blob(1), pin_s=60)
-    tier.put("plain", blob(2))
-    tier.put("new", blob(3))  # evicts "plain", though "pinned" is older
-    assert tier.contains(["pinned", "new"]) == 2
-    tier.put("newer", blob(4), pin_s=60)
-    assert tier.contains(["pinned", "newer"]) == 2  # the unpinned one went again
-    tier.put("newest", blob(5), pin_s=60)  # all pinned: soft pins yield, LRU first
-    assert tier.contains(["pinned"]) == 0
-    assert tier.contains(["newer", "newest"]) == 2
+    index = KeyIndex(200, clock)
+    index.add("pinned", 100, pin_s=60)
+    index.add("plain", 100)
+    assert index.add("new", 100) == ["plain"]  # though "pinned" is older
+    assert index.add("newer", 100, pin_s=60) == ["new"]  # the unpinned one went again
+    # All pinned: soft pins yield, least recently used first.
+    assert index.add("newest", 100, pin_s=60) == ["pinned"]
+    assert index.leading(["newer", "newest"]) == 2
     index = KeyIndex(200, clock)
     index.add("p", 100, pin_s=10)
     index.add("q", 100)
     clock.now = 11  # the pin expired: plain LRU again
     assert index.add("r", 100) == ["p"]
-
-
-def test_checksum_mismatch_is_a_miss_never_corrupt_kv() -> None:
-    tier = HostTier(budget_bytes=None)
-    value = blob(7)
-    tier.put("k", value)
-    value[3] ^= 0xFF  # the stored bytes rot (put keeps the tensor it was given)
-    assert tier.get("k") is None
-    assert tier.stats.corrupt == 1
-    assert tier.contains(["k"]) == 0
 
 
 def test_keys_are_salted_by_tenant_and_namespace() -> None:
@@ -140,7 +130,7 @@ BS = 4  # tokens per block in the planner tests
 
 def planner(budget_blocks: int | None = None) -> TierPlanner:
     budget = None if budget_blocks is None else budget_blocks * 10
-    return TierPlanner(KeyIndex(budget), "ns", BS, 10, owns_eviction=True)
+    return TierPlanner(KeyIndex(budget), "ns", BS, 10)
 
 
 HASHES = [bytes([i]) * 8 for i in range(8)]
@@ -177,20 +167,36 @@ def test_planner_saves_full_blocks_once_then_loads_them() -> None:
     assert plan.lookup("r3", HASHES[:4], num_tokens=17, num_computed=0) == 0
 
 
-def test_planner_drops_evictions_and_forgets_failures() -> None:
+def test_planner_forgets_evictions_drops_sheds_and_forgets_failures() -> None:
     plan = planner(budget_blocks=2)
     plan.track("r", "t", pin_s=0)
     ops = plan.step([BlockProgress("r", HASHES[:3], [1, 2, 3], 12)])
-    # Three saves into a two-block budget: the first is evicted in the same
+    # Three saves into a two-block index: the first is evicted in the same
     # step, so it is simply not saved (and needs no drop).
     assert [b for _, b, _ in ops.saves] == [2, 3]
     assert ops.drops == []
+    oldest = ops.saves[0][0]
     plan.track("s", "t", pin_s=0)
     ops = plan.step([BlockProgress("s", HASHES[4:5], [9], 4)])
-    assert len(ops.drops) == 1 and len(ops.saves) == 1
+    # The index's least recently used key makes room: the store evicts on its
+    # own (another engine may still use the key), so it is forgotten, not dropped.
+    assert ops.drops == [] and [b for _, b, _ in ops.saves] == [9]
+    assert oldest not in plan.index and len(plan.index) == 2
     plan.worker_report([ops.saves[0][0]], [], 0, 0)
     assert len(plan.index) == 1
     assert plan.counters.save_failures == 1
+
+    # A tenant beyond its share of the index: its own oldest keys are shed,
+    # and a shed key the store holds is dropped.
+    shares = TierPlanner(KeyIndex(None, owner_budget_bytes=20), "ns", BS, 10)
+    shares.track("a", "t", pin_s=0)
+    ops = shares.step([BlockProgress("a", HASHES[:3], [1, 2, 3], 12)])
+    assert [b for _, b, _ in ops.saves] == [2, 3] and ops.drops == []  # shed before saved
+    first = ops.saves[0][0]
+    shares.track("b", "t", pin_s=0)
+    ops = shares.step([BlockProgress("b", HASHES[4:5], [9], 4)])
+    assert ops.drops == [first] and [b for _, b, _ in ops.saves] == [9]
+    assert first not in shares.index and shares.index.owner_bytes("t") == 20
 
 
 def test_planner_asks_a_shared_store_once_for_what_its_index_lacks() -> None:
@@ -202,7 +208,7 @@ def test_planner_asks_a_shared_store_once_for_what_its_index_lacks() -> None:
         asked.append(list(keys))
         return next((i for i, k in enumerate(keys) if k not in stored_elsewhere), len(keys))
 
-    plan = TierPlanner(KeyIndex(None), "ns", BS, 10, owns_eviction=False, shared=shared)
+    plan = TierPlanner(KeyIndex(None), "ns", BS, 10, shared=shared)
     plan.track("r", "t", pin_s=0)
     assert plan.lookup("r", HASHES[:5], num_tokens=21, num_computed=0) == 3 * BS
     # A waiting request is looked up every step: the store is asked once.
@@ -218,8 +224,6 @@ def test_planner_asks_a_shared_store_once_for_what_its_index_lacks() -> None:
     plan.track("s", "t", pin_s=0)
     assert plan.lookup("s", HASHES[:5], num_tokens=21, num_computed=0) == 5 * BS
     assert len(asked) == 1
-    with pytest.raises(ValueError, match="owns_eviction"):
-        TierPlanner(KeyIndex(None), "ns", BS, 10, owns_eviction=True, shared=shared)
 
 
 def test_tier_payoff_allows_saves_while_loads_pay_or_within_the_allowance() -> None:
@@ -283,7 +287,7 @@ def test_planner_stops_saving_while_its_loads_do_not_pay() -> None:
 
 
 def test_planner_with_the_trial_off_always_saves() -> None:
-    plan = TierPlanner(KeyIndex(None), "ns", BS, 10, owns_eviction=True, payoff=TierPayoff(False))
+    plan = TierPlanner(KeyIndex(None), "ns", BS, 10, payoff=TierPayoff(False))
     plan.worker_report([], [], 0, 0, seconds=100.0)
     plan.track("r", "t", pin_s=0)
     assert len(plan.step([BlockProgress("r", HASHES[:2], [1, 2], 8)]).saves) == 2
@@ -300,7 +304,7 @@ def test_planner_untracked_requests_never_touch_the_tier() -> None:
 
 def test_worker_moves_blocks_and_reports_failures() -> None:
     source, target = kv_caches(seed=3), kv_caches(seed=4)
-    tier = HostTier(budget_bytes=None)
+    tier = MemoryTier()
     saver = TierWorker(tier, BlockCodec(source, 6), rank=0)
     saver.save([("k1", 2, 0.0), ("k2", 3, 0.0)], drops=[])
     loader = TierWorker(tier, BlockCodec(target, 6), rank=0)
@@ -314,15 +318,32 @@ def test_worker_moves_blocks_and_reports_failures() -> None:
     assert tier.contains(["k1/tp0"]) == 0
 
 
+def test_a_corrupted_value_is_a_failed_load_never_corrupt_kv() -> None:
+    source, target = kv_caches(seed=3), kv_caches(seed=4)
+    before = {name: t.clone() for name, t in target.items()}
+    tier = MemoryTier()
+    TierWorker(tier, BlockCodec(source, 6)).save([("k1", 2, 0.0), ("k2", 3, 0.0)], drops=[])
+    stored, _ = tier.values["k1/tp0"]
+    stored[3] ^= 0xFF  # the stored bytes rot
+    loader = TierWorker(tier, BlockCodec(target, 6))
+    assert loader.load([("k1", 0), ("k2", 1)]) == {0}  # vLLM recomputes block 0
+    for name in source:
+        assert torch.equal(target[name][:, 0], before[name][:, 0])  # left as it was
+        assert torch.equal(target[name][:, 1], source[name][:, 3])
+    report = loader.take_report()
+    assert report is not None and report.failed_loads == ["k1"]
+    assert tier.stats.corrupt == 1 and tier.contains(["k1/tp0"]) == 0
+
+
 def test_worker_reports_the_step_time_its_transfers_took() -> None:
     clock = Clock()
 
-    class SlowTier(HostTier):
+    class SlowTier(MemoryTier):
         def put(self, key: str, value: torch.Tensor, pin_s: float = 0.0) -> bool:
             clock.now += 0.25
             return super().put(key, value, pin_s)
 
-    worker = TierWorker(SlowTier(None), BlockCodec(kv_caches(), 6), clock=clock)
+    worker = TierWorker(SlowTier(), BlockCodec(kv_caches(), 6), clock=clock)
     worker.save([("k1", 2, 0.0), ("k2", 3, 0.0)], drops=[])
     report = worker.take_report()
     assert report is not None and report.seconds == pytest.approx(0.5)
@@ -356,12 +377,15 @@ class BrokenTier:
     def drop(self, keys: Sequence[str]) -> None:
         self._fail()
 
+    def close(self) -> None:
+        self._fail()
+
     @property
     def bytes_used(self) -> int:
         return 0
 
     @property
-    def stats(self) -> HostTier:  # type: ignore[override]
+    def stats(self) -> TierStats:
         raise NotImplementedError
 
 
@@ -391,7 +415,7 @@ def test_factory_failure_is_contained_and_retried() -> None:
         attempts.append(1)
         if len(attempts) == 1:
             raise ConnectionError("master not up yet")
-        return HostTier(None)
+        return MemoryTier()
 
     tier = GuardedTier(factory, timeout_s=1, cooldown_s=5, clock=clock)
     assert not tier.put("k", blob(1))
@@ -407,7 +431,7 @@ def test_connect_builds_the_tier_in_the_background() -> None:
     def factory() -> KVTier:
         built.set()
         release.wait(5)
-        return HostTier(None)
+        return MemoryTier()
 
     tier = GuardedTier(factory, timeout_s=1, cooldown_s=5)
     tier.connect()
@@ -429,7 +453,7 @@ def test_a_worker_connects_its_tier_before_the_first_step() -> None:
 
     def factory() -> KVTier:
         time.sleep(0.4)
-        return HostTier(None)
+        return MemoryTier()
 
     worker = TierWorker(
         GuardedTier(factory, timeout_s=1), BlockCodec(kv_caches(seed=3), 6), budget_s=0.25
@@ -440,14 +464,23 @@ def test_a_worker_connects_its_tier_before_the_first_step() -> None:
     assert report is not None and not report.failed_saves and report.bytes_saved > 0
 
 
-def test_tier_config() -> None:
-    default = TierConfig.from_mapping({})  # a host tier unless told otherwise
+def test_tier_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A host tier unless told otherwise: vLLM's offloading (its cpu_bytes_to_use).
+    default = TierConfig.from_mapping({})
     assert default is not None and (default.kind, default.budget_bytes) == ("host", 1 << 30)
     assert TierConfig.from_mapping({"tier": "none"}) is None
     with pytest.raises(TierConfigError, match="'host' or 'mooncake' or 'none'"):
         TierConfig.from_mapping({"tier": None})
     config = TierConfig.from_mapping({"tier": "host", "tier_bytes": 1 << 20})
     assert config is not None and config.budget_bytes == 1 << 20
+    # vLLM's offloading loads the host tier beside the extension's connector,
+    # which itself loads KV (a consumer, kv_both) only from a Mooncake store.
+    assert kv_role(default) == kv_role(config) == kv_role(None) == "kv_producer"
+    mooncake = TierConfig.from_mapping({"tier": "mooncake"})
+    assert mooncake is not None and mooncake.kind == "mooncake"
+    assert kv_role(mooncake) == "kv_both"
+    monkeypatch.delenv(TIER_SECRET_ENV, raising=False)
+    assert config.secret() is None  # host memory of the engine itself needs no secret
     for bad in ({"tier": "disk"}, {"tier": "host", "tier_bytes": 0},
                 {"tier": "mooncake", "mooncake_master": 5}):  # fmt: skip
         with pytest.raises(TierConfigError):
