@@ -59,6 +59,10 @@ def test_public_api_is_exactly_the_contract() -> None:
             "EventResult", "ControlResponse", "to_vllm_fields", "from_interop", "merge_hints",
             "resolve_hints", "ROOT_BRANCH", "MAX_ID_LENGTH", "MAX_SECONDS", "MAX_EVENTS",
             "MAX_CHILDREN", "ID_PATTERN",
+            # vLLM's hint envelope (SPEC 5.2)
+            "KV_HINTS_ACTION_TYPE", "KV_HINTS_ACTION_VERSION", "KV_HINTS_PROTOCOL_VERSION",
+            "SessionAction", "find_session_action", "from_kv_hints_action",
+            "to_kv_hints_action", "to_kv_hints_envelope",
         ]
     )  # fmt: skip
     assert (HEADER_NAME, BODY_FIELD, CONTROL_PATH) == (
