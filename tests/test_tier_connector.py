@@ -11,7 +11,7 @@ from vllm.config import KVTransferConfig
 
 from hints_spec import AgentHints
 from server_ext import extension_flags
-from server_ext._config import CONNECTOR_NAME, MULTI_CONNECTOR, OFFLOADING_CONNECTOR
+from server_ext._config import CONNECTOR_NAME, MULTI_CONNECTOR
 from server_ext._engine import TENANT_KEY, hint_params
 from server_ext._vllm import (
     AgentHintsConnector,
@@ -87,18 +87,6 @@ def test_only_a_tier_of_its_own_makes_the_connector_a_kv_consumer() -> None:
     assert _role({"tier": "mooncake"}) == "kv_both"
     with pytest.raises(TierConfigError, match="'tier'"):
         extension_flags({"tier": "disk"})
-
-
-def test_the_host_tier_is_vllms_offloading_beside_the_connector() -> None:
-    transfer = _transfer({"tier": "host", "tier_bytes": 1 << 20})
-    assert (transfer["kv_connector"], transfer["kv_role"]) == (MULTI_CONNECTOR, "kv_both")
-    ours, offloading = transfer["kv_connector_extra_config"]["connectors"]
-    # The extension's connector first: it lowers hints into vLLM's kv_hints.
-    assert ours["kv_connector"] == CONNECTOR_NAME
-    assert offloading["kv_connector"] == OFFLOADING_CONNECTOR
-    assert offloading["kv_connector_extra_config"]["cpu_bytes_to_use"] == 1 << 20
-    for extra in ({"tier": "none"}, {"tier": "mooncake"}):  # the connector alone
-        assert _transfer(extra)["kv_connector"] == CONNECTOR_NAME
 
 
 def test_only_mooncake_is_a_tier_of_the_connector_and_needs_the_consumer_role() -> None:
