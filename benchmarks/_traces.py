@@ -34,10 +34,12 @@ __all__ = [
     "fits",
     "load_trace",
     "parse_trace",
+    "request_prompts",
     "run_requests",
     "select_traces",
     "theoretical_cached",
     "trace_info",
+    "trace_requests",
     "truncate",
     "unlimited_blocks",
 ]
@@ -259,12 +261,31 @@ def run_requests(args: Mapping[str, Any], directory: Path) -> dict[RequestKey, T
         n_traces=args["n_traces"],
         max_requests=args.get("max_requests_per_trace"),
     )
+    return trace_requests(traces)
+
+
+def trace_requests(traces: Iterable[Trace]) -> dict[RequestKey, TraceRequest]:
+    """Every request of ``traces``, by the key its record carries."""
     return {
         (trace.trace_id, branch, n): request
         for trace in traces
         for branch, requests in trace.branches()
         for n, request in enumerate(requests)
     }
+
+
+def request_prompts(
+    requests: Mapping[RequestKey, TraceRequest], k: int, vocab_size: int = 2048
+) -> dict[RequestKey, list[int]]:
+    """The token-id prompt of each request, as the replay sends it."""
+    mappers: dict[str, TokenMapper] = {}
+    prompts: dict[RequestKey, list[int]] = {}
+    for key, request in requests.items():
+        trace_id = key[0]
+        if trace_id not in mappers:
+            mappers[trace_id] = TokenMapper(trace_id, k, vocab_size)
+        prompts[key] = mappers[trace_id].prompt(request.hash_ids)
+    return prompts
 
 
 class TokenMapper:

@@ -11,7 +11,9 @@ by running requests are ignored, so the numbers are upper bounds for their
 policy *given that order*: when a run's reuse is near the Belady bound,
 better eviction cannot help, only a different order (admission) or more
 capacity (a tier) can; the gap between the predicted and the Belady column is
-what imperfect predictions of returns cost.
+what imperfect predictions of returns cost. LRU and Belady are
+``benchmarks._ceiling``'s, which every benchmark's table shows for each run at
+its device KV and with the tier's blocks added.
 
     python -m benchmarks.bound results/matrix.json [--blocks 256] [--configs retention]
 """
@@ -29,62 +31,19 @@ from typing import Any
 
 from server_ext.policy import BranchHints, BranchKey, PolicyConfig, RetentionPolicy
 
+from ._ceiling import bounds, prefix_hits, touch
 from ._report import hinted_gap
-from ._traces import PrefixIndex, RequestKey, TokenMapper, default_traces_dir, run_requests
+from ._traces import (
+    PrefixIndex,
+    RequestKey,
+    default_traces_dir,
+    request_prompts,
+    run_requests,
+)
+
+__all__ = ["Sent", "bounds", "main", "predicted"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-_NEVER = float("inf")
-
-
-def _hits(blocks: list[int], prompt_len: int, size: int, cached: Any) -> int:
-    """Cached prefix tokens, capped like vLLM (the last prompt token is computed)."""
-    limit = (prompt_len - 1) // size
-    n = 0
-    while n < min(len(blocks), limit) and blocks[n] in cached:
-        n += 1
-    return n * size
-
-
-def _touch(cache: OrderedDict[int, None], blocks: Sequence[int]) -> None:
-    """Mark a request's ``blocks`` used, its prefix most recently: vLLM frees a
-    request's blocks tail first, so LRU evicts a chain from its end (a chain
-    whose first block is gone cannot be hit at all)."""
-    for b in reversed(blocks):
-        cache[b] = None
-        cache.move_to_end(b)
-
-
-def bounds(prompts: Sequence[Sequence[int]], block_size: int, capacity: int) -> tuple[int, int]:
-    """(LRU, Belady) cached tokens of ``prompts`` served in order.
-
-    Belady evicts the block used furthest in the future, the deepest in its
-    chain among equals: a block is never needed later than its parent, and
-    keeping a child whose parent is gone would waste the room.
-    """
-    index = PrefixIndex(block_size)
-    seqs = [index.chain(p)[0] for p in prompts]
-    depth = {b: d for seq in seqs for d, b in enumerate(seq)}
-    next_use: list[dict[int, float]] = [{} for _ in seqs]
-    seen: dict[int, float] = {}
-    for i in range(len(seqs) - 1, -1, -1):
-        next_use[i] = {b: seen.get(b, _NEVER) for b in seqs[i]}
-        seen.update((b, i) for b in seqs[i])
-    lru: OrderedDict[int, None] = OrderedDict()
-    belady: dict[int, float] = {}
-    lru_hits = belady_hits = 0
-    for i, (prompt, blocks) in enumerate(zip(prompts, seqs, strict=True)):
-        lru_hits += _hits(blocks, len(prompt), block_size, lru)
-        belady_hits += _hits(blocks, len(prompt), block_size, belady)
-        _touch(lru, blocks)
-        belady.update((b, next_use[i][b]) for b in blocks)
-        while len(lru) > capacity:
-            lru.popitem(last=False)
-        if len(belady) > capacity:
-            furthest = sorted(belady, key=lambda b: (belady[b], depth[b]), reverse=True)
-            for b in furthest[: len(belady) - capacity]:
-                del belady[b]
-    return lru_hits, belady_hits
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +98,8 @@ def predicted(requests: Sequence[Sent], block_size: int, capacity: int) -> int:
             policy.on_request_finished(key, blocks, BranchHints(gap=r.gap), True, now=now)
             continue
         policy.on_request_started(key, now=now)  # back: learns the gap
-        hits += _hits(blocks, len(r.prompt), block_size, cache)
-        _touch(cache, blocks)
+        hits += prefix_hits(blocks, len(r.prompt), block_size, cache)
+        touch(cache, blocks)
         while len(cache) > capacity:
             held = {b for retained in policy.retentions() for b in retained.block_ids}
             for b in [b for b in cache if b not in held][: len(cache) - capacity]:
@@ -151,14 +110,7 @@ def predicted(requests: Sequence[Sent], block_size: int, capacity: int) -> int:
 
 
 def _prompts_of(args: dict[str, Any], traces_dir: Path) -> dict[RequestKey, list[int]]:
-    mappers: dict[str, TokenMapper] = {}
-    prompts: dict[RequestKey, list[int]] = {}
-    for key, request in run_requests(args, traces_dir).items():
-        trace_id = key[0]
-        if trace_id not in mappers:
-            mappers[trace_id] = TokenMapper(trace_id, args["scale_k"])
-        prompts[key] = mappers[trace_id].prompt(request.hash_ids)
-    return prompts
+    return request_prompts(run_requests(args, traces_dir), args["scale_k"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

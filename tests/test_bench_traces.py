@@ -12,6 +12,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from benchmarks._ceiling import bounds
 from benchmarks._replay import TRACE_TOOL, PastGaps, ReplaySettings, RequestRecord, replay
 from benchmarks._traces import (
     FIRST_ID,
@@ -23,11 +24,13 @@ from benchmarks._traces import (
     TraceRequest,
     fits,
     parse_trace,
+    request_prompts,
     select_traces,
     theoretical_cached,
+    trace_requests,
     truncate,
 )
-from benchmarks.bound import Sent, bounds, main, predicted
+from benchmarks.bound import Sent, main, predicted
 from hints_spec import CONTROL_PATH, HEADER_NAME, USER_TOOL, parse_header
 from server_ext.policy import Action, BranchKey, Decision, RetentionPolicy
 
@@ -196,6 +199,20 @@ def test_subagents_replay_as_branches_and_the_parent_resumes_after_them() -> Non
     assert {b["max_tokens"] for _, b, _ in seen} == {4}
     assert all(b["stream"] and b["stream_options"]["include_usage"] for _, b, _ in seen)
     assert [r.theoretical_cached for r in records][:2] == [0, 0]  # 12-token prompt: < 1 block
+
+
+def test_each_record_names_the_prompt_it_sent_for_the_runs_ceiling() -> None:
+    trace = parse_trace(_TRACE)
+    records, seen = _run([trace], time_scale=1.0)
+    prompts = request_prompts(trace_requests([trace]), k=4)
+    assert len(prompts) == trace.num_requests == len(records)
+    sent = [prompts[(r.trace_id, r.branch, r.seq)] for r in records]
+    assert [len(p) for p in sent] == [r.prompt_tokens for r in records]
+    assert sorted(sent) == sorted(body["prompt"] for _, body, _ in seen)
+    mapper = TokenMapper("trace_demo", 4)
+    assert [p for p, r in zip(sent, records, strict=True) if r.branch == ROOT] == [
+        mapper.prompt(ids) for ids in ([1, 2], [1, 2, 3], [1, 2, 3, 4])
+    ]
 
 
 def test_gap_hint_uses_only_past_think_times() -> None:
