@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from hints_spec import USER_TOOL, HintError, parse_header
 
+from ._ceiling import format_ceilings
 from ._replay import RequestRecord
 from ._server import MetricsSample
 
@@ -32,7 +33,8 @@ __all__ = [
 ]
 
 _HINT_PREFIX = "agent_hints_"
-_BASELINES = ("plain", "unlimited")
+_BASELINES = ("plain", "hint-free", "unlimited")
+_HINT_FREE = "hint-free"
 _TIER_MOVED = "agent_hints_tier_bytes_moved_total"
 _PREFETCH = "agent_hints_prefetch_total"
 _ORDER_ENFORCED = "agent_hints_order_enforced"
@@ -56,6 +58,8 @@ class ConfigRun:
     load_avg: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Machine load (1, 5, 15 min) when the replay ended: the machine is shared,
     so TTFT and wall time are only comparable between runs under similar load."""
+    ceiling: dict[str, Any] | None = None
+    """LRU and Belady reuse in the run's send order (``benchmarks._ceiling``)."""
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -279,6 +283,7 @@ def summarize(run: ConfigRun) -> dict[str, Any]:
         "calibration": _calibration(run.records),
         "server_calibration": _server_calibration(hints),
         "load_avg_at_end": list(run.load_avg),
+        "ceiling": run.ceiling,
     }
     if hints:
         summary["agent_hints"] = hints
@@ -311,22 +316,35 @@ RATIO_KEYS = (
 """The numbers each ratio row divides, in its column order."""
 
 
+def _divides(config: str, base: str) -> bool:
+    """Whether ``config`` gets a ratio against ``base``: against the unlimited
+    bound every other one; against plain all but the bound; against hint-free
+    (vLLM's offloading at the same bytes) those that are no baseline and no
+    plain vLLM run again (``plain-again``): the configurations that read hints."""
+    if config == base:
+        return False
+    if base == _HINT_FREE:
+        return config not in _BASELINES and not config.startswith("plain")
+    return not (base == "plain" and config == "unlimited")
+
+
 def ratios(summaries: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
     """``"config / baseline"`` -> that configuration's ``RATIO_KEYS`` over the
     baseline's, for every configuration against each baseline present (plain
-    vLLM, then the unlimited bound; the bound is not divided by plain)."""
+    vLLM, the hint-free baseline, then the unlimited bound; ``_divides``)."""
     by_name = {s["config"]: s for s in summaries}
     return {
         f"{s['config']} / {base}": {key: _ratio(s[key], by_name[base][key]) for key in RATIO_KEYS}
         for base in _BASELINES
         if base in by_name
         for s in summaries
-        if s["config"] != base and not (base == "plain" and s["config"] == "unlimited")
+        if _divides(s["config"], base)
     }
 
 
 def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
-    """One row per configuration, then ratio rows against the baselines."""
+    """One row per configuration, then ratio rows against the baselines, then
+    each run's ceiling where it has one."""
     head = (
         f"{'config':<24}{'req':>5}{'fail':>5}{'reuse%':>8}{'hit%':>7}{'prefill tok':>13}"
         f"{'TTFT p50':>10}{'p90':>8}{'mean':>8}{'wall s':>8}{'preempt':>8}{'tier MB':>9}"
@@ -375,6 +393,9 @@ def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
                     for key, w in zip(RATIO_KEYS, widths, strict=True)
                 )
             )
+    ceilings = format_ceilings(summaries)
+    if ceilings:
+        lines += ["", *ceilings]
     return "\n".join(lines)
 
 
@@ -416,6 +437,7 @@ def read_json(path: Path) -> tuple[dict[str, Any], list[ConfigRun]]:
             metrics_after=dict(c["metrics_delta"]),
             samples=[MetricsSample(**s) for s in c["samples"]],
             load_avg=tuple(c["summary"]["load_avg_at_end"]),
+            ceiling=c["summary"].get("ceiling"),
         )
         for name, c in configs.items()
     ]

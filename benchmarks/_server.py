@@ -16,20 +16,32 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from server_ext import LocalServer, local_server, stop_local_servers
-from server_ext.tier import local_mooncake_master
+from server_ext.tier import DEFAULT_TIER, TierConfig, local_mooncake_master
+
+from ._ceiling import ceiling, tier_blocks
 
 __all__ = [
     "CONFIGS",
     "Config",
     "MetricsSample",
     "ServerPlan",
+    "extension_tier_bytes",
     "sample_metrics",
     "serve",
     "sigterm_as_exit",
 ]
+
+
+def extension_tier_bytes(extra_config: Mapping[str, object] | None = None) -> int:
+    """The host tier's bytes the extension takes from ``extra_config``: its
+    ``tier_bytes``, else the extension's default."""
+    tier = TierConfig.from_mapping({**(extra_config or {}), "tier": "host"})
+    if tier is None:  # a host tier was asked for
+        raise AssertionError("no host tier")
+    return tier.budget_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +49,10 @@ class Config:
     """One configuration of the matrix: what the server runs, whether clients hint.
 
     Each step adds one mechanism to the previous, so adjacent rows of the table
-    attribute the difference to it; ``unlimited`` is the bound.
+    attribute the difference to it; ``unlimited`` is the bound. ``hint_free``:
+    plain vLLM with vLLM's own KV offloading at the plan's ``tier_bytes`` and
+    its LRU, reading no hint (what a user gets from vLLM's
+    ``--kv-offloading-size``): the baseline the extension's tier must beat.
     """
 
     name: str
@@ -46,6 +61,7 @@ class Config:
     prefetch: bool = False
     tier: Literal["host", "mooncake", "none"] | None = None  # None: the extension's default
     unlimited: bool = False
+    hint_free: bool = False
 
     @property
     def hints(self) -> bool:
@@ -57,6 +73,9 @@ CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (
         Config("plain", "vLLM as shipped"),
+        Config(
+            "hint-free", "vLLM's offloading at the same bytes, LRU, no hints read", hint_free=True
+        ),
         Config(
             "retention", "+ agent-hints retention (hinted clients)", extension=True, tier="none"
         ),
@@ -87,7 +106,10 @@ class ServerPlan:
         unlimited_blocks: KV capacity of ``unlimited``.
         extra_config: The extension's ``kv_connector_extra_config``; each
             configuration adds its own ``prefetch`` and tier keys.
-        tier_bytes: Budget of the host tier and of each Mooncake segment.
+        tier_bytes: Budget of the host tier and of each Mooncake segment:
+            the extension's tier wherever it has one (its default, the host
+            tier, included) and vLLM's offloading in ``hint-free`` get the same
+            bytes (default: the extension's default).
         server_args: More vLLM flags, for every configuration alike.
     """
 
@@ -97,12 +119,36 @@ class ServerPlan:
     block_size: int = 64
     max_model_len: int = 8192
     extra_config: Mapping[str, object] | None = None
-    tier_bytes: int = 2 << 30
+    tier_bytes: int = extension_tier_bytes()
     server_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
 
     def kv_blocks_of(self, config: Config) -> int:
         return self.unlimited_blocks if config.unlimited else self.kv_blocks
+
+    def tier_of(self, config: Config) -> str | None:
+        """The tier ``config`` runs with (``tier_bytes`` of it), None without."""
+        if config.hint_free:
+            return "host"
+        if not config.extension:
+            return None
+        tier = config.tier or str((self.extra_config or {}).get("tier", DEFAULT_TIER))
+        return None if tier == "none" else tier
+
+    def ceiling_of(
+        self, config: Config, prompts: Sequence[Sequence[int]], theoretical: int
+    ) -> dict[str, Any]:
+        """The ceiling (``benchmarks._ceiling``) of a run of ``config`` that sent
+        ``prompts`` in this order: at its device KV, and with ``tier_bytes`` of
+        tier in blocks of the served model."""
+        return ceiling(
+            prompts,
+            theoretical,
+            self.block_size,
+            self.kv_blocks_of(config),
+            tier_blocks(self.model, self.tier_bytes, self.block_size),
+            tiered=self.tier_of(config) is not None,
+        )
 
     def extra_config_of(self, config: Config, mooncake_master: str | None) -> dict[str, object]:
         """The extension's settings for ``config``: ``extra_config``, the
@@ -115,7 +161,7 @@ class ServerPlan:
         }
         if config.tier is not None:
             extra["tier"] = config.tier
-        if config.tier in ("host", "mooncake"):
+        if self.tier_of(config) in ("host", "mooncake"):
             extra["tier_bytes"] = self.tier_bytes
         if config.tier == "mooncake":
             extra.update(mooncake_master=mooncake_master, mooncake_segment_bytes=self.tier_bytes)
@@ -143,6 +189,7 @@ def serve(plan: ServerPlan, config: Config, log_dir: Path) -> Iterator[LocalServ
                 args=plan.server_args,
                 startup_timeout=plan.startup_timeout_s,
                 log_dir=log_dir,
+                offload_bytes=plan.tier_bytes if config.hint_free else None,
             )
         )
         yield server

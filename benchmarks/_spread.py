@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ._ceiling import format_ceilings, median_ceiling
 from ._report import RATIO_KEYS, ratios
 
 __all__ = ["Spread", "format_spread", "spread_json", "spreads"]
@@ -90,7 +91,29 @@ def format_spread(runs: Sequence[Sequence[Mapping[str, Any]]]) -> str:
             n = max((s.n for s in cells.values() if s is not None), default=0)
             lines.append(f"{row:<24}{n:>5}" + "".join(f"{t:>{width}}" for t in texts))
         lines.append("")
-    return "\n".join(lines[:-1])
+    ceilings = format_ceilings(_median_ceilings(runs), ": medians over the runs")
+    return "\n".join(lines + ceilings if ceilings else lines[:-1])
+
+
+def _median_ceilings(runs: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Per configuration with a ceiling in some run: the medians of its reuse
+    and of its ceiling's numbers over those runs, as one summary."""
+    found: dict[str, list[Mapping[str, Any]]] = {}
+    for summaries in runs:
+        for s in summaries:
+            if s.get("ceiling"):
+                found.setdefault(s["config"], []).append(s)
+    medians = []
+    for name, rows in found.items():
+        reuse = Spread.of(s["reuse_of_theoretical"] for s in rows)
+        medians.append(
+            {
+                "config": name,
+                "reuse_of_theoretical": None if reuse is None else reuse.median,
+                "ceiling": median_ceiling([s["ceiling"] for s in rows]),
+            }
+        )
+    return medians
 
 
 def spread_json(runs: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
@@ -103,7 +126,12 @@ def spread_json(runs: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
             for row, cells in table.items()
         }
 
-    return {"runs": len(runs), "configs": plain(absolute), "ratios": plain(relative)}
+    return {
+        "runs": len(runs),
+        "configs": plain(absolute),
+        "ratios": plain(relative),
+        "ceilings": {s["config"]: s["ceiling"] for s in _median_ceilings(runs)},
+    }
 
 
 def _cell(spread: Spread | None, fmt: tuple[str, str, float]) -> str:

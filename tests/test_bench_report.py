@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from benchmarks._report import (
     write_json,
 )
 from benchmarks._server import MetricsSample
-from benchmarks._spread import Spread, format_spread, spreads
+from benchmarks._spread import Spread, format_spread, spread_json, spreads
 
 
 def _record(cached: int, theory: int, ttft: float, error: str | None = None) -> RequestRecord:
@@ -285,3 +286,61 @@ def test_the_engine_prefill_ratio_counts_prefetch_warm_ups() -> None:
     row = ratios([plain, prefetch])["prefetch / plain"]
     assert (row["prefill_tokens"], row["server_prefill_tokens"]) == (0.5, 1.5)
     assert "engine" in format_table([plain, prefetch])
+
+
+def test_the_hint_free_baseline_divides_the_configurations_that_read_hints() -> None:
+    names = ["plain", "hint-free", "extension", "plain-again", "unlimited"]
+    summaries = [summarize(_run(n, [_record(400, 800, 0.4)])) for n in names]
+    summaries[2] = summarize(_run("extension", [_record(600, 800, 0.2)]))
+    found = ratios(summaries)
+    assert list(found) == [
+        "hint-free / plain", "extension / plain", "plain-again / plain",
+        "extension / hint-free",
+        *(f"{n} / unlimited" for n in names[:-1]),
+    ]  # fmt: skip
+    assert found["extension / hint-free"]["reuse_of_theoretical"] == pytest.approx(1.5)
+    assert found["extension / hint-free"]["ttft_mean_s"] == pytest.approx(0.5)
+    assert "extension / hint-free" in format_table(summaries)
+    assert "hinted / hint-free" in ratios([summarize(_run(n, [])) for n in ("hint-free", "hinted")])
+
+
+def _ceiling(lru: float, belady: float, served: str = "device") -> dict[str, Any]:
+    return {
+        "device": {"blocks": 256, "lru": lru, "belady": belady},
+        "tiered": {"blocks": 8448, "lru": 1.0, "belady": 1.0},
+        "served": served,
+    }
+
+
+def test_each_runs_ceiling_is_in_its_summary_table_and_json(tmp_path: Path) -> None:
+    runs = [_run("plain", [_record(400, 800, 0.4)]), _run("hint-free", [_record(600, 800, 0.3)])]
+    runs[0].ceiling = _ceiling(0.45, 0.7)
+    runs[1].ceiling = _ceiling(0.45, 0.7, "tiered")
+    summaries = [summarize(r) for r in runs]
+    assert summaries[0]["ceiling"]["device"] == {"blocks": 256, "lru": 0.45, "belady": 0.7}
+    lines = format_table(summaries).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("ceiling"))
+    assert "send order" in lines[at - 1]
+    plain, hint_free = (lines[at + 2 + i].split() for i in range(2))
+    assert plain[:7] == ["plain", "50.0%", "45.0%", "70.0%", "100.0%", "100.0%", "71.4%"]
+    assert hint_free[6] == "75.0%"  # of the tiered Belady: it ran with the tier
+    write_json(tmp_path / "r.json", {}, runs)
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["configs"]["hint-free"]["summary"]["ceiling"]["tiered"]["belady"] == 1.0
+    _, back = read_json(tmp_path / "r.json")
+    assert [r.ceiling for r in back] == [r.ceiling for r in runs]
+    assert "ceiling" not in format_table([summarize(_run("plain", [_record(1, 2, 0.1)]))])
+
+
+def test_the_spread_shows_the_median_ceiling_of_each_configuration() -> None:
+    runs = []
+    for lru in (0.2, 0.4, 0.3):
+        run = _run("plain", [_record(400, 800, 0.4)])
+        run.ceiling = _ceiling(lru, 0.8)
+        runs.append([summarize(run), summarize(_run("unlimited", [_record(800, 800, 0.1)]))])
+    lines = format_spread(runs).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("ceiling"))
+    assert lines[at - 1].endswith(": medians over the runs")
+    assert lines[at + 2].split()[:4] == ["plain", "50.0%", "30.0%", "80.0%"]
+    assert len(lines) == at + 3  # unlimited had none
+    assert spread_json(runs)["ceilings"] == {"plain": _ceiling(0.3, 0.8)}
