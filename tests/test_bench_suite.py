@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from benchmarks._suite import (
+    DEFAULT_CONFIGS,
     FAMILIES,
+    HINT_FREE,
     NOISE_CONFIG,
     QUICK_FAMILIES,
     SUITE_CONFIGS,
@@ -22,7 +24,7 @@ from benchmarks._suite import (
     checks,
     rotated,
 )
-from benchmarks.suite import main
+from benchmarks.suite import _passed, main
 
 
 def test_every_family_named_by_the_issue_is_in_the_suite() -> None:
@@ -34,6 +36,10 @@ def test_every_family_named_by_the_issue_is_in_the_suite() -> None:
     assert FAMILIES["mixed"].unhinted_share == 0.5
     # The extension runs with no knobs, as the README recommends it.
     assert SUITE_CONFIGS["extension"].extension and not SUITE_CONFIGS["extension"].prefetch
+    # Beside plain, vLLM's own offloading at the same bytes, which reads no hint.
+    assert DEFAULT_CONFIGS == ("plain", "hint-free", "extension", "unlimited")
+    hint_free = SUITE_CONFIGS[HINT_FREE]
+    assert hint_free.name == "hint-free" and hint_free.hint_free and not hint_free.hints
 
 
 def test_half_unhinted_is_every_other_session_by_id() -> None:
@@ -45,7 +51,7 @@ def test_half_unhinted_is_every_other_session_by_id() -> None:
 def test_each_repeat_rotates_which_configuration_runs_first() -> None:
     configs = list(SUITE_CONFIGS.values())
     firsts = [rotated(configs, r)[0].name for r in range(3)]
-    assert firsts == ["plain", "extension", "unlimited"]
+    assert firsts == ["plain", "hint-free", "extension"]
     assert all(
         sorted(c.name for c in rotated(configs, r)) == sorted(SUITE_CONFIGS) for r in range(4)
     )
@@ -146,22 +152,58 @@ def test_plain_run_twice_measures_the_noise_each_ratio_is_read_against() -> None
     assert not {c.what: c for c in checks("f", "quiet", alone)}["reuse / plain"].within_noise
 
 
+def test_the_extension_against_hint_free_is_shown_beside_plain_and_not_counted() -> None:
+    plain = _summary(0.5, 1.0, 2.0)
+    repeats = [
+        {"plain": plain, HINT_FREE: _summary(0.8, 0.5, 1.0), "extension": _summary(0.6, 0.6, 1.2)},
+        {"plain": plain, HINT_FREE: _summary(0.6, 0.5, 1.0), "extension": _summary(0.6, 0.4, 0.8)},
+    ]
+    found = checks("f", "quiet", repeats)
+    assert [c.what for c in found][:6] == [
+        "reuse / plain", "reuse / hint-free", "TTFT mean / plain", "TTFT mean / hint-free",
+        "TTFT p90 / plain", "TTFT p90 / hint-free",
+    ]  # fmt: skip
+    by = {c.what: c for c in found}
+    reuse = by["reuse / hint-free"]
+    assert reuse.value == pytest.approx((0.75 + 1.0) / 2) and not reuse.passed
+    assert not reuse.counts and by["reuse / plain"].counts and reuse.noise is None
+    assert by["TTFT mean / hint-free"].value == pytest.approx(1.0)
+    # Losing to hint-free is shown, and the verdict is still plain's.
+    assert _passed(found) and not _passed([reuse]) and not _passed([])
+    without = [c.what for c in checks("f", "quiet", [{"plain": plain, "extension": plain}])]
+    assert not any("hint-free" in what for what in without)
+
+
 @pytest.mark.server
-def test_suite_runs_plain_and_the_extension_beside_a_neighbour_and_resumes(
+def test_suite_runs_plain_hint_free_and_the_extension_beside_a_neighbour_and_resumes(
     traces_dir: Path, test_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "suite.json"
     argv = [
         "--traces", str(traces_dir), "--families", "mixed", "--conditions", "noisy",
-        "--configs", "plain,extension", "--repeats", "1", "--sessions", "2",
+        "--configs", "plain,hint-free,extension", "--repeats", "1", "--sessions", "2",
         "--max-requests", "3", "--model", str(test_model_dir), "--out", str(out),
     ]  # fmt: skip
     status = main(argv)
     printed = capsys.readouterr().out
     saved = json.loads(out.read_text())
     run = saved["runs"]["mixed"]["noisy"]["0"]
-    assert set(run) == {"plain", "extension"}
+    assert set(run) == {"plain", "hint-free", "extension"}
     assert all(r["summary"]["failed"] == 0 and r["summary"]["requests"] > 0 for r in run.values())
+    # Each run's ceiling in its own send order, at the device's KV and with the tier's
+    # (the extension's default, 1 GiB: 8,192 blocks of the test model; hint-free's too).
+    assert saved["tier_bytes"] == 1 << 30
+    for name, r in run.items():
+        ceiling = r["summary"]["ceiling"]
+        assert ceiling["served"] == ("device" if name == "plain" else "tiered")
+        assert ceiling["tiered"]["blocks"] == ceiling["device"]["blocks"] + 8192
+        for level in ("device", "tiered"):
+            assert all(0 <= ceiling[level][k] <= 1 for k in ("lru", "belady"))
+    ratios = saved["spread"]["mixed"]["noisy"]["ratios"]
+    assert {"extension / plain", "hint-free / plain", "extension / hint-free"} <= set(ratios)
+    assert set(saved["spread"]["mixed"]["noisy"]["ceilings"]) == set(run)
+    assert "extension / hint-free" in printed and "TTFT mean / hint-free" in printed
+    assert "+tier LRU" in printed
     # One of the two sessions sent no hints: its numbers are kept apart.
     assert len(saved["workloads"]["mixed"]["unhinted"]) == 1
     assert all(r["unhinted"]["requests"] > 0 for r in run.values())
