@@ -8,9 +8,12 @@ a fresh vLLM server per configuration, all sessions concurrently, same KV
 capacity:
 
 - ``plain``: vLLM as shipped, the plain ``openai`` client;
+- ``hint-free``: vLLM's own KV offloading with the bytes of the extension's
+  tier (``--tier-bytes``) and vLLM's LRU, reading no hint, the plain client:
+  what vLLM gives an agent without this project;
 - ``hinted``: the agent-hints extension with its defaults (a host-memory KV
-  tier included), the SDK's hinted client (its ``gap``, ``tool_start``/
-  ``tool_end`` with tool names and ETAs, forks, ends);
+  tier of ``--tier-bytes`` included), the SDK's hinted client (its ``gap``,
+  ``tool_start``/``tool_end`` with tool names and ETAs, forks, ends);
 - ``device-only``: the same with ``--tier none`` (retention on the device only);
 - ``prefetch``, ``host``, ``mooncake``: plus warm-ups, a host tier, a
   Mooncake Store tier, as in ``benchmarks.replay``;
@@ -28,12 +31,15 @@ once). ``--history N``: the agent has run N other sessions of the source
 before (their recorded waits, scaled, in ``RunConfig.shared_latency``), as a
 deployed agent has; by default it starts from nothing.
 
-Prints a progress bar, the comparison table, the calibration table (per kind
-of wait: how often the SDK's ETA and the server's prediction were within 2x)
-and the reuse exact future knowledge would reach in each run's send order
-(Belady); writes the JSON (``summary.<config>``, ``calibration.<kind>``,
-``bound.<config>``, every request) and, beside it, a TTFT CDF, a reuse-over-time
-plot and the calibration scatter (PNG).
+Prints a progress bar, the comparison table (ratios against plain, hint-free
+and the bound; then each run's ceiling: the reuse LRU and exact future
+knowledge, Belady, would reach in its send order at its device KV and with the
+tier's blocks added, ``benchmarks._ceiling``) and the calibration table (per
+kind of wait: how often the SDK's ETA and the server's prediction were within
+2x); writes the JSON (``summary.<config>``, its ``ceiling.device`` and
+``ceiling.tiered`` ``lru`` and ``belady``, ``calibration.<kind>``, every
+request) and, beside it, a TTFT CDF, a reuse-over-time plot and the
+calibration scatter (PNG).
 """
 
 from __future__ import annotations
@@ -65,10 +71,9 @@ from ._report import (
     write_json,
 )
 from ._run import OnDone, machine, run_config, runnable
-from ._server import CONFIGS, Config, ServerPlan, sigterm_as_exit
+from ._server import CONFIGS, Config, ServerPlan, extension_tier_bytes, sigterm_as_exit
 from ._sessions import SessionSource, find_source, load_history, load_sessions
 from ._traces import PrefixIndex
-from .bound import bounds
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,6 +81,7 @@ AGENT_CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (
         CONFIGS["plain"],
+        CONFIGS["hint-free"],
         Config("hinted", "+ agent-hints extension, defaults (host-memory KV tier)", extension=True),
         Config(
             "device-only",
@@ -91,7 +97,7 @@ AGENT_CONFIGS: dict[str, Config] = {
 }
 """The configurations, in table order."""
 
-DEFAULT_CONFIGS = "plain,hinted,unlimited"
+DEFAULT_CONFIGS = "plain,hint-free,hinted,unlimited"
 
 
 def parser(
@@ -157,8 +163,9 @@ def parser(
     p.add_argument(
         "--tier-bytes",
         type=int,
-        default=2 << 30,
-        help="host tier budget and Mooncake segment size, bytes (default 2 GiB)",
+        help="host tier budget of the extension (its default tier included) and of "
+        "hint-free's offloading, and Mooncake segment size, bytes (default: the "
+        "extension's tier_bytes: --extension-config's, else its default, 1 GiB)",
     )
     p.add_argument("--server-args", default="", help="more vLLM flags for every configuration")
     p.add_argument("--model", help="checkpoint directory (default: the generated test model)")
@@ -226,18 +233,6 @@ def kv_plan(
     return working_set, device, unlimited
 
 
-def _bound(run: ConfigRun, prompts: Sequence[Sequence[int]], block_size: int) -> dict[str, Any]:
-    """The reuse LRU and exact future knowledge (Belady) reach with the run's
-    capacity, serving its prompts in the order it sent them."""
-    theory = sum(r.theoretical_cached for r in run.records)
-    lru, belady = bounds(prompts, block_size, run.kv_blocks)
-    return {
-        "kv_blocks": run.kv_blocks,
-        "lru_of_theoretical": lru / theory if theory else None,
-        "belady_of_theoretical": belady / theory if theory else None,
-    }
-
-
 def _calibrated(runs: Sequence[ConfigRun]) -> ConfigRun | None:
     """The run whose waits the calibration scores: the first with hints."""
     return next((r for r in runs if AGENT_CONFIGS[r.name].hints), None)
@@ -246,17 +241,16 @@ def _calibrated(runs: Sequence[ConfigRun]) -> ConfigRun | None:
 def _report(
     header: Mapping[str, Any],
     runs: Sequence[ConfigRun],
-    bound: Mapping[str, Any],
     errors: Mapping[str, Mapping[str, str]],
 ) -> dict[str, Any]:
-    """The header plus what the runs so far add: summaries, calibration, bounds."""
+    """The header plus what the runs so far add: summaries (each with its
+    ceiling), calibration, failed sessions."""
     scored = _calibrated(runs)
     return {
         **header,
         "summary": {r.name: summarize(r) for r in runs},
         "calibration": wait_calibration(scored.records) if scored is not None else {},
         "calibration_config": scored.name if scored is not None else None,
-        "bound": dict(bound),
         "session_errors": {name: dict(e) for name, e in errors.items() if e},
     }
 
@@ -289,6 +283,8 @@ def _run(
         return replayed.records
 
     run = run_config(config, plan, args.out.parent, total, replay_on, args.sample_period)
+    theoretical = sum(r.theoretical_cached for r in run.records)
+    run.ceiling = plan.ceiling_of(config, replayed.prompts, theoretical)
     for sid, error in replayed.errors.items():
         print(f"[{config.name}] session {sid} failed: {error}", file=sys.stderr)
     return run, replayed
@@ -370,10 +366,13 @@ def replay_sessions(
             f"{i['id']}: {i['requests']} requests, {i['tool_calls']} tool calls, "
             f"{i['sub_agents']} sub-agents, {i['prompt_tokens']:,} prompt tokens"
         )
+    tier_bytes = (
+        args.tier_bytes if args.tier_bytes is not None else extension_tier_bytes(extension_config)
+    )
     print(
         f"live working set {working_set} blocks: device KV {kv_blocks} blocks "
         f"({kv_blocks / working_set:.0%}), unlimited {unlimited_blocks}; "
-        f"context {max_model_len} tokens"
+        f"context {max_model_len} tokens; host tier {tier_bytes / 2**20:,.0f} MiB"
     )
     history = load_history(source, sessions, args.history, args.seed)
     if history:
@@ -390,10 +389,10 @@ def replay_sessions(
         "kv_blocks": kv_blocks,
         "unlimited_kv_blocks": unlimited_blocks,
         "max_model_len": max_model_len,
+        "tier_bytes": tier_bytes,
     }
     total = sum(i["requests"] for i in info)
     runs: list[ConfigRun] = []
-    bound: dict[str, Any] = {}
     errors: dict[str, dict[str, str]] = {}
     with sigterm_as_exit(), tempfile.TemporaryDirectory(prefix="agent-replay-model-") as tmp:
         plan = ServerPlan(
@@ -403,20 +402,19 @@ def replay_sessions(
             block_size=args.block_size,
             max_model_len=max_model_len,
             extra_config=extension_config,
-            tier_bytes=args.tier_bytes,
+            tier_bytes=tier_bytes,
             server_args=tuple(shlex.split(args.server_args)),
             startup_timeout_s=args.startup_timeout,
         )
         for config in configs:
             run, replayed = _run(config, plan, sessions, history, total, args)
             runs.append(run)
-            bound[run.name] = _bound(run, replayed.prompts, args.block_size)
             errors[run.name] = replayed.errors
-            write_json(args.out, _report(header, runs, bound, errors), runs)
+            write_json(args.out, _report(header, runs, errors), runs)
             if len(runs) < len(configs):  # the table so far; the last one follows below
                 print(format_table([summarize(r) for r in runs]), flush=True)
 
-    report = _report(header, runs, bound, errors)
+    report = _report(header, runs, errors)
     scored = _calibrated(runs)
     plots = write_plots(runs, args.out.parent, args.out.stem)
     if scored is not None:
@@ -430,25 +428,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _extension_config(args.extension_config)
     source, sessions = load(args)
     replayed = replay_sessions(sessions, args, source)
-    report, bound = replayed.report, replayed.report["bound"]
+    report = replayed.report
     print()
     print(format_table(list(report["summary"].values())))
     if report["calibration"]:
         print(f"\nwaits after each response ({report['calibration_config']} run):")
         print(format_calibration(report["calibration"]))
-    print("\nreuse of the theoretical maximum in each run's send order, its KV:")
-    for name, b in bound.items():
-        print(
-            f"  {name:<12} run {_pct(report['summary'][name]['reuse_of_theoretical'])}"
-            f"  LRU {_pct(b['lru_of_theoretical'])}"
-            f"  exact future knowledge (Belady) {_pct(b['belady_of_theoretical'])}"
-        )
     print(f"\nwrote {args.out}" + "".join(f"\n      {p}" for p in replayed.plots))
     return 0 if replayed.ok else 1
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 if __name__ == "__main__":

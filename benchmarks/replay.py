@@ -5,6 +5,8 @@ replays the same traces, all sessions concurrently. The matrix, each row adding
 one mechanism to the one above:
 
 - ``plain``: vLLM as shipped, ``--kv-blocks`` of KV;
+- ``hint-free``: plus vLLM's own KV offloading at ``--tier-bytes`` with its
+  LRU, reading no hint (clients send none): the baseline a tier must beat;
 - ``retention``: plus the agent-hints extension, clients send hints;
 - ``prefetch``: plus re-prefill warm-ups of idle branches before they return;
 - ``host``: plus a host-memory KV tier below the device cache;
@@ -23,8 +25,11 @@ this scale, so none is cut short (with 8: trace_0075, 0100, 0138, 0150, 0173,
 instead, each cut before its first prompt that does not fit.
 
 Reuse is reported against the theoretical maximum computed from the prompts in
-issue order (``benchmarks._traces.PrefixIndex``). Writes the JSON (``--out``)
-and, beside it, a TTFT CDF and a reuse-over-time plot (PNG).
+issue order (``benchmarks._traces.PrefixIndex``), and beside each run its
+ceiling: the reuse LRU and Belady's policy reach in its send order, at its
+device KV and with the tier's blocks added (``benchmarks._ceiling``; JSON:
+``configs.<config>.summary.ceiling``). Writes the JSON (``--out``) and, beside
+it, a TTFT CDF and a reuse-over-time plot (PNG).
 """
 
 from __future__ import annotations
@@ -48,7 +53,15 @@ from ._replay import ReplaySettings, RequestRecord, replay
 from ._report import ConfigRun, format_table, summarize, write_json
 from ._run import OnDone, machine, run_config, runnable
 from ._server import CONFIGS, Config, ServerPlan, sigterm_as_exit
-from ._traces import Trace, default_traces_dir, select_traces, trace_info, unlimited_blocks
+from ._traces import (
+    Trace,
+    default_traces_dir,
+    request_prompts,
+    select_traces,
+    trace_info,
+    trace_requests,
+    unlimited_blocks,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _ORACLE_NOTE = "hints: ORACLE (the trace's true next waits): a diagnostic, not a result"
@@ -93,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
         "--tier-bytes",
         type=int,
         default=2 << 30,
-        help="host tier budget and Mooncake segment size, bytes (default 2 GiB)",
+        help="host tier budget (of hint-free's offloading too) and Mooncake segment size, "
+        "bytes (default 2 GiB)",
     )
     p.add_argument(
         "--server-args",
@@ -142,7 +156,11 @@ def _run_config(
             return await replay(traces, settings, client, on_done=on_done)
 
     total = sum(t.num_requests for t in traces)
-    return run_config(config, plan, args.out.parent, total, replay_on, args.sample_period)
+    run = run_config(config, plan, args.out.parent, total, replay_on, args.sample_period)
+    prompts = request_prompts(trace_requests(traces), args.scale_k)
+    sent = [prompts[(r.trace_id, r.branch, r.seq)] for r in run.records]
+    run.ceiling = plan.ceiling_of(config, sent, sum(r.theoretical_cached for r in run.records))
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from benchmarks._agent_replay import AgentRun, agent_replay, learned_latencies, 
 from benchmarks._claude_code import Session, parse_session
 from benchmarks._replay import ReplaySettings, RequestRecord
 from benchmarks._report import format_calibration, wait_calibration
-from benchmarks.agent_replay import main
+from benchmarks.agent_replay import AGENT_CONFIGS, DEFAULT_CONFIGS, main
 from hints_spec import CONTROL_PATH, HEADER_NAME, parse_header
 
 TIME_SCALE = 20.0
@@ -185,6 +185,27 @@ def test_the_plain_configuration_sends_no_hints_and_no_control_events() -> None:
     assert all(r.hint is None and r.eta_s is None for r in records)
 
 
+def test_each_prompt_is_kept_in_send_order_for_the_runs_ceiling() -> None:
+    fake = FakeCompletions()
+    run, records = replay([parse_session(coding_session().lines, "coder")], fake)
+    assert run.prompts == [body["prompt"] for _, body in fake.requests]
+    both = [
+        parse_session(coding_session().lines, "a"),
+        parse_session(session_with_sub_agent().lines, "b"),
+    ]
+    fake = FakeCompletions()
+    run, records = replay(both, fake, hints=False)
+    assert [len(p) for p in run.prompts] == [r.prompt_tokens for r in records]
+    assert sorted(run.prompts) == sorted(body["prompt"] for _, body in fake.requests)
+
+
+def test_hint_free_runs_beside_plain_and_hinted_by_default() -> None:
+    assert DEFAULT_CONFIGS == "plain,hint-free,hinted,unlimited"
+    assert list(AGENT_CONFIGS)[:3] == ["plain", "hint-free", "hinted"]
+    hint_free = AGENT_CONFIGS["hint-free"]
+    assert hint_free.hint_free and not hint_free.hints  # the plain openai client
+
+
 def test_a_failed_request_is_recorded_and_the_session_goes_on() -> None:
     session = parse_session(coding_session().lines, "coder")
     run, records = replay([session], FakeCompletions(fail_request=1))
@@ -252,14 +273,15 @@ def test_the_command_replays_two_sessions_plain_and_hinted(
     out = tmp_path / "run.json"
     argv = [
         "--claude-code", str(transcripts), "--sessions", "2", "--time-scale", "20",
-        "--kv-blocks", "40", "--max-model-len", "2048", "--configs", "plain,hinted",
+        "--kv-blocks", "40", "--max-model-len", "2048", "--configs", "plain,hint-free,hinted",
         "--model", str(test_model_dir), "--out", str(out), "--startup-timeout", "240",
     ]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "hinted / plain" in printed and "exact future knowledge" in printed
+    assert "hinted / plain" in printed and "hinted / hint-free" in printed
+    assert "exact future knowledge" in printed and "+tier LRU" in printed
     run = json.loads(out.read_text())
-    assert list(run["summary"]) == ["plain", "hinted"]
+    assert list(run["summary"]) == ["plain", "hint-free", "hinted"]
     for summary in run["summary"].values():
         assert (summary["requests"], summary["failed"], summary["preemptions"]) == (11, 0, 0)
         assert summary["reuse_of_theoretical"] > 0.5
@@ -278,8 +300,16 @@ def test_the_command_replays_two_sessions_plain_and_hinted(
         "client_within_2x_recorded",
     }
     assert calibration["all"]["client_within_2x"] is not None
-    assert set(run["bound"]) == {"plain", "hinted"}
-    assert 0 < run["bound"]["hinted"]["belady_of_theoretical"] <= 1
+    # Each run's ceiling in its send order: 40 device blocks, and 8,192 more of the
+    # tier (the extension's default 1 GiB, hint-free's too, over 128 KiB blocks).
+    assert run["tier_bytes"] == 1 << 30
+    for name, summary in run["summary"].items():
+        ceiling = summary["ceiling"]
+        assert (ceiling["device"]["blocks"], ceiling["tiered"]["blocks"]) == (40, 40 + 8192)
+        assert ceiling["served"] == ("device" if name == "plain" else "tiered")
+        assert 0 < ceiling["device"]["belady"] <= ceiling["tiered"]["belady"] <= 1
+        assert 0 <= ceiling["device"]["lru"] <= ceiling["tiered"]["lru"] <= 1
+    assert all(r["hint"] is None for r in run["configs"]["hint-free"]["records"])
     hinted = run["configs"]["hinted"]
     assert {parse_header(r["hint"]).sid for r in hinted["records"]} == {"a-coder", "b-sub"}
     # The server heard every tool call (3 + 6), the wait on the user after b-sub's first
