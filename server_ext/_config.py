@@ -11,6 +11,7 @@ import dataclasses
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .policy import (
     AdmissionConfig,
@@ -220,20 +221,37 @@ class ExtensionConfig:
                 f"comma-separated addresses or CIDR networks ({e})"
             ) from e
 
+    def check(self) -> None:
+        """Build what the engine builds from these settings, so that a launch
+        refuses a bad value before vLLM starts (the error names the key)
+        rather than when the engine core binds its KV cache manager."""
+        self.policy_config(0)
+        self.admission_gate(block_size=1)
+
     def policy_config(self, total_blocks: int) -> PolicyConfig:
         """The retention policy's budgets for a pool of ``total_blocks``."""
         estimator = self.estimator_config()
+        settings: dict[str, Any] = {
+            "max_held_fraction": self.max_held_fraction,
+            "max_tenant_fraction": self.max_tenant_fraction,
+            "ttl_cap_s": self.ttl_cap_s,
+            "default_ttl_s": self.default_ttl_s,
+            "prefetch_min_accuracy": self.prefetch_min_accuracy,
+        }
         try:
-            return PolicyConfig(
-                total_blocks=total_blocks,
-                max_held_fraction=self.max_held_fraction,
-                max_tenant_fraction=self.max_tenant_fraction,
-                ttl_cap_s=self.ttl_cap_s,
-                default_ttl_s=self.default_ttl_s,
-                prefetch_min_accuracy=self.prefetch_min_accuracy,
-                estimator=estimator,
+            return dataclasses.replace(
+                _POLICY, total_blocks=total_blocks, estimator=estimator, **settings
             )
         except ValueError as e:
+            # PolicyConfig states the rule, not the key: the key is the one
+            # that breaks the rule on its own (its other settings at their defaults).
+            for key, value in settings.items():
+                try:
+                    dataclasses.replace(_POLICY, **{key: value})
+                except ValueError:
+                    raise ExtensionConfigError(
+                        f"kv_connector_extra_config[{key!r}]={value!r}: {e}"
+                    ) from e
             raise ExtensionConfigError(f"kv_connector_extra_config: {e}") from e
 
     def estimator_config(self) -> EstimatorConfig:
