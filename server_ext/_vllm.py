@@ -589,6 +589,8 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
         # Tier, scheduler side: the planner and the requests it tracks.
         self._planner: TierPlanner | None = None
         self._tier_requests: dict[str, Request] = {}
+        # Connector cache resets so far: each starts the tier's keys anew.
+        self._resets = 0
         # The engine's step time: the tier's books and warm-first admission's window.
         self._timer = StepTimer()
         # Prefetch warm-ups from arrival to finish, paced by ``_pace_warmups``,
@@ -630,12 +632,16 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
             str(part)
             for part in (vllm_config.model_config.model, self._block_size, block_bytes, spec)
         )
+        if self._resets:
+            namespace += f"|reset {self._resets}"
         # A tier miss at load time (evicted, corrupt, store down) must cost a
         # recompute, never a failed request.
         self._kv_transfer_config.kv_load_failure_policy = "recompute"
         shared: Callable[[Sequence[str]], int] | None = None
         if self._tier_config.kind == "mooncake":
-            probe = self._shared_probe = _shared_store_probe(self._tier_config)
+            probe = self._shared_probe = self._shared_probe or _shared_store_probe(
+                self._tier_config
+            )
 
             def shared(keys: Sequence[str]) -> int:
                 # Rank 0's shard stands for the block; another rank's missing
@@ -659,6 +665,39 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
         logger.exception("agent-hints tier: %s failed; serving without the tier", what)
         if self._retention is not None:
             self._retention.faults += 1
+
+    def _release_retentions(self) -> None:
+        """Release every retention, and every block eviction order set aside."""
+        if self._retention is not None:
+            self._retention.release_all()
+        if self._shelf is not None:
+            self._shelf.flush()
+
+    def reset_cache(self) -> bool:
+        """Forget every KV the extension keeps or knows of: vLLM asks this of
+        its connectors when the engine's KV goes stale (0.33: on pause, sleep
+        and weight updates; 0.32: a prefix-cache reset that includes them),
+        and takes None for success with nothing done.
+
+        Retentions are released. The Mooncake tier's planner starts over
+        (scheduler side; the workers only move what it plans), with an empty
+        index and a new key namespace: the store keeps the blocks of the old
+        KV until it evicts them, and its shared probe would otherwise find
+        them again under the same keys. Engines sharing a store share again
+        once each has reset as often. The requests it tracked leave the tier
+        (KV they computed before the reset would be saved under the new
+        keys); the tier's counters (cumulative metrics) and books (its cost
+        against the engine's steps) carry over.
+        """
+        self._release_retentions()
+        old = self._planner
+        if old is not None:
+            self._resets += 1
+            self._tier_requests.clear()
+            self._planner = self._make_planner(self._vllm_config, self._kv_cache_config)
+            if self._planner is not None:
+                self._planner.counters, self._planner.payoff = old.counters, old.payoff
+        return True
 
     # -- binding: the two wrapped KVCacheManager methods live here
 
@@ -685,9 +724,7 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
         reset: Callable[[], bool] = kv_cache_manager.reset_prefix_cache
 
         def reset_prefix_cache() -> bool:
-            retention.release_all()
-            if isinstance(port, ShelfPort):
-                port.flush()
+            self._release_retentions()
             return reset()
 
         kv_cache_manager.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]

@@ -27,6 +27,7 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from server_ext._config import CONNECTOR_MODULE, CONNECTOR_NAME
+from server_ext.tier import TierConfig, kv_role
 
 BLOCK = 16
 
@@ -39,12 +40,13 @@ def scheduler(
     blocks: int = 12,
 ) -> Scheduler:
     """vLLM's scheduler; with the extension's connector configured by ``extra``
-    (its ``kv_connector_extra_config``, device only) unless that is None."""
+    (its ``kv_connector_extra_config``: device only, unless it names a tier of
+    the connector's own, Mooncake) unless that is None."""
     transfer = (
         KVTransferConfig(
             kv_connector=CONNECTOR_NAME,
             kv_connector_module_path=CONNECTOR_MODULE,
-            kv_role="kv_producer",
+            kv_role=kv_role(TierConfig.from_mapping({"tier": "none", **extra})),
             kv_connector_extra_config={"tier": "none", **extra},
         )
         if extra is not None
