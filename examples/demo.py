@@ -3,11 +3,16 @@
 Runs agent sessions through the project's own agent loop (``Agent``, ``Runner``,
 a real ``@tool`` per tool kind, sub-agents by ``Runner.fan_out``: the agent
 replay of ``benchmarks.agent_replay``) against a local vLLM CPU server (the
-generated tiny model, random weights), first as shipped with the plain
-``openai`` client, then with the agent-hints extension at its defaults and the
-SDK's hinted client, both at the same KV capacity (a third of the sessions' live
-working set). Prints the comparison and where the JSON and the plots went, and
-stops its servers.
+generated tiny model, random weights) three times, all at the same KV capacity
+(a third of the sessions' live working set): as shipped with the plain
+``openai`` client; hint-free, vLLM's own KV offloading with as many host bytes
+as the extension's tier and vLLM's LRU, reading no hint, with the plain client
+again; then with the agent-hints extension at its defaults (its host tier at
+those same bytes, passed to both) and the SDK's hinted client. Prints the
+comparison (ratios against plain and against hint-free, and each run's
+ceiling: the reuse LRU and exact future knowledge would reach in its send
+order, at the device's KV and with the tier's), and where the JSON and the
+plots went, and stops its servers. About 6 minutes on 2 cores.
 
 The sessions are the real sets where they are found (``--claude-code DIR`` or
 ``--traces DIR``, ``$AGENT_HINTS_CLAUDE_CODE`` or ``$AGENT_HINTS_TRACES``, or
@@ -33,11 +38,12 @@ from benchmarks._sessions import SessionSource
 DEFAULTS = {
     "sessions": 24,
     "concurrency": 8,
-    "configs": "plain,hinted",
+    "configs": "plain,hint-free,hinted",
     "out": Path("results/demo.json"),
 }
 """What the demo changes of ``benchmarks.agent_replay``'s defaults: sized to finish
-in a few minutes on 2 cores (server starts included), 8 sessions in flight."""
+in a few minutes on 2 cores (server starts included), 8 sessions in flight; the
+tier's bytes stay the extension's own (``--tier-bytes`` unset), for hint-free too."""
 
 
 def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -56,8 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     source, sessions = workload(args)
     print(
         f"agent-hints demo: {len(sessions)} agent sessions ({source.describe()}) through "
-        "agentsdk's Agent and Runner: plain vLLM and the openai client, then vLLM + "
-        "agent-hints and the hinted client"
+        "agentsdk's Agent and Runner: plain vLLM and the openai client, vLLM's own KV "
+        "offloading (hint-free, same bytes as the tier), then vLLM + agent-hints and the "
+        "hinted client"
     )
     replayed = agent_replay.replay_sessions(sessions, args, source)
     report = replayed.report

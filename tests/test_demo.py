@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from examples import demo
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -59,6 +61,13 @@ def test_the_workload_of_a_clone_alone_is_the_generated_one(clone: Path) -> None
     assert sessions == "24 generated-000"
 
 
+def test_the_demo_runs_plain_hint_free_and_hinted_at_the_extensions_tier_bytes() -> None:
+    args = demo.arguments([])
+    assert args.configs == "plain,hint-free,hinted"
+    assert args.tier_bytes is None  # agent_replay resolves it: the extension's own, for both
+    assert demo.arguments(["--tier-bytes", "1000"]).tier_bytes == 1000
+
+
 @pytest.mark.server
 def test_a_two_session_demo_runs_on_a_clone_alone(clone: Path) -> None:
     args = "--sessions 2 --time-scale 100 --max-think 2 --startup-timeout 240"
@@ -67,14 +76,20 @@ def test_a_two_session_demo_runs_on_a_clone_alone(clone: Path) -> None:
     out = done.stdout
     assert "2 agent sessions (sessions generated from the figures in" in out
     assert "hinted / plain" in out and "the SDK's ETAs (hinted run)" in out
+    assert "hinted / hint-free" in out and "hint-free / plain" in out and "+tier LRU" in out
     assert "of the recorded waits)" in out
     report = json.loads((clone / "results" / "demo.json").read_text())
     assert report["source"]["kind"] == "generated"
     assert [s["id"] for s in report["sessions"]] == ["generated-000", "generated-001"]
-    assert list(report["summary"]) == ["plain", "hinted"]
+    assert list(report["summary"]) == ["plain", "hint-free", "hinted"]
+    # hint-free's offloading and the extension's tier: the same bytes, the extension's own.
+    assert report["tier_bytes"] == 1 << 30
     for summary in report["summary"].values():
         assert summary["failed"] == 0 and summary["requests"] > 0
         assert summary["ttft_p50_s"] is not None and summary["reuse_of_theoretical"] > 0
+        ceiling = summary["ceiling"]
+        for level in ("device", "tiered"):
+            assert 0 <= ceiling[level]["lru"] <= 1 and 0 < ceiling[level]["belady"] <= 1
     assert report["summary"]["hinted"]["agent_hints"]["control_events"] > 0
     for plot in ("ttft-cdf", "reuse-over-time", "calibration"):
         assert (clone / "results" / f"demo-{plot}.png").stat().st_size > 0
