@@ -45,7 +45,7 @@ import torch
 # The project from its checkout: the GPU machine need not have it installed.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from server_ext.tier import BlockCodec, TierStats, TierWorker, shard_key
+from server_ext.tier import BlockCodec, Shard, TierStats, TierWorker, shard_key
 
 QUEUED_S = 0.05
 """Device work queued before a call whose waiting is measured."""
@@ -285,7 +285,7 @@ def check(shape: Shape, device: torch.device, repeats: int) -> list[PathResult]:
         worker.save([(key, block, 0.0) for key, block in zip(keys, src, strict=True)], [])
 
     seconds = on.timed(save, repeats)
-    stored = torch.stack([tier.values[shard_key(key, 0)] for key in keys])
+    stored = torch.stack([tier.values[shard_key(key, Shard())] for key in keys])
     exact = torch.equal(stored, reference)
     results.append(PathResult("TierWorker.save", "D2H", nbytes, seconds, exact, True))
     results[-1].waiting = on.waiting(save)

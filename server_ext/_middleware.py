@@ -66,6 +66,7 @@ from hints_spec import (
 from ._config import ExtensionConfig
 from ._engine import RESERVED_KEYS, hint_params
 from ._prefetch import ASGIApp, Branch, Message, Prefetcher, Receive, Scope, Send, replay_body
+from ._routing import RANK_HEADER, SessionRanks
 from ._tenant import DEFAULT_TENANT, Tenancy, TenantRefused
 from ._tools import ToolCallNames
 from ._vllm import ApiKeys, connector_config, send_control
@@ -116,6 +117,25 @@ REFUSED = Counter(
 )
 
 
+VLLM_RETENTION_VALUES = ("in_memory", "24h")
+"""The ``prompt_cache_retention`` values vLLM 0.33 accepts (others: 400)."""
+
+
+def _engine_retention(payload: dict[str, Any]) -> bool:
+    """Leave vLLM a ``prompt_cache_retention`` it accepts (SPEC 5.1): the
+    hint's lowering took any other duration as ``ttl`` (or, malformed,
+    ignored it), and ``in-memory`` is OpenAI's spelling of ``in_memory``.
+    Whether the body changed."""
+    value = payload.get("prompt_cache_retention")
+    if value is None or value in VLLM_RETENTION_VALUES:
+        return False
+    if value == "in-memory":
+        payload["prompt_cache_retention"] = "in_memory"
+    else:
+        del payload["prompt_cache_retention"]
+    return True
+
+
 class _Refused(Exception):
     """Answer the request with this error instead of forwarding it."""
 
@@ -158,6 +178,8 @@ class _Setup:
     tenancy: Tenancy | None
     limit: RateLimit | None
     prefetcher: Prefetcher | None
+    ranks: SessionRanks | None
+    """Data-parallel ranks by session (``_routing``), when vLLM balances them."""
 
 
 class AgentHintsMiddleware:
@@ -211,9 +233,11 @@ class AgentHintsMiddleware:
             scope["headers"] = [
                 (k, v) for k, v in scope["headers"] if k.lower() != b"content-length"
             ] + [(b"content-length", str(len(rewritten)).encode())]
+        if branch is not None and setup.ranks is not None:
+            scope = _on_rank(scope, setup.ranks.rank(branch.key.tenant, branch.key.sid))
         replay = replay_body(rewritten, receive)
         if branch is not None and not branch.end and _route(scope) == CHAT_PATH:
-            send = _naming_waits(send, scope["app"].state, branch.key)
+            send = _naming_waits(send, scope["app"].state, branch.key, setup.ranks)
         if setup.prefetcher is None:
             await self.app(scope, replay, send)
         else:
@@ -234,6 +258,7 @@ class AgentHintsMiddleware:
                 Tenancy(config) if config is not None else None,
                 RateLimit(config.control_rate) if config and config.control_rate > 0 else None,
                 prefetcher,
+                SessionRanks.of(state) if config is not None else None,
             )
             if config is not None:
                 _warn_about(config, keys)
@@ -280,6 +305,8 @@ class AgentHintsMiddleware:
             for source, error in errors:
                 PARSE_ERRORS.labels(source, error.code).inc()
         changed = payload.pop(BODY_FIELD, None) is not None
+        if inference and config is not None:
+            changed |= _engine_retention(payload)
         transfer = payload.get("kv_transfer_params")
         if isinstance(transfer, dict):
             for key in RESERVED_KEYS:
@@ -352,10 +379,19 @@ class AgentHintsMiddleware:
             CONTROL_EVENTS.labels(kind, result.outcome).inc()
             results.append(result)
         if accepted:
-            await send_control(scope["app"].state, tenant, sid, accepted)
+            rank = setup.ranks.rank(tenant, sid) if setup.ranks is not None else None
+            await send_control(scope["app"].state, tenant, sid, accepted, rank=rank)
             if setup.prefetcher is not None:
                 setup.prefetcher.control(tenant, sid, events)
         await _json(send, 200, ControlResponse(results=results).model_dump(exclude_none=True))
+
+
+def _on_rank(scope: Scope, rank: int) -> Scope:
+    """``scope`` sent to data-parallel ``rank`` (``_routing``), unless the
+    client named one itself (vLLM's header: an operator's explicit choice)."""
+    if any(k.lower() == RANK_HEADER for k, _ in scope["headers"]):
+        return scope
+    return {**scope, "headers": [*scope["headers"], (RANK_HEADER, str(rank).encode())]}
 
 
 def _warn_about(config: ExtensionConfig, keys: ApiKeys) -> None:
@@ -375,7 +411,7 @@ def _warn_about(config: ExtensionConfig, keys: ApiKeys) -> None:
         )
 
 
-def _naming_waits(send: Send, state: Any, key: BranchKey) -> Send:
+def _naming_waits(send: Send, state: Any, key: BranchKey, ranks: SessionRanks | None) -> Send:
     """``send`` that reads the response's tool calls as they pass
     (``ToolCallNames``) and, after its last byte, names the branch's wait to
     the engine; a failure there costs the response nothing."""
@@ -395,7 +431,8 @@ def _naming_waits(send: Send, state: Any, key: BranchKey) -> Send:
             return
         event = {"type": "tool_start", "tool": wait, "br": key.br}
         try:
-            await send_control(state, key.tenant, key.sid, [event], learned=True)
+            rank = ranks.rank(key.tenant, key.sid) if ranks is not None else None
+            await send_control(state, key.tenant, key.sid, [event], learned=True, rank=rank)
         except Exception:
             logger.debug("agent-hints: could not name a branch's wait", exc_info=True)
             return

@@ -93,6 +93,7 @@ from .tier import (
     GuardedTier,
     KeyIndex,
     MooncakeTier,
+    Shard,
     TierConfig,
     TierConfigError,
     TierOps,
@@ -216,11 +217,15 @@ async def send_control(
     sid: str,
     events: Sequence[Mapping[str, object]],
     learned: bool = False,
+    rank: int | None = None,
 ) -> None:
     """Deliver control events to the engine core without an inference request
-    (``learned``: see ``control_params``)."""
+    (``learned``: see ``control_params``), to data-parallel ``rank`` when
+    given (the engine that serves the session: ``server_ext._routing``)."""
     await app_state.engine_client.notify_kv_transfer_request_rejected(
-        f"agent-hints-control-{uuid.uuid4().hex}", control_params(tenant, sid, events, learned)
+        f"agent-hints-control-{uuid.uuid4().hex}",
+        control_params(tenant, sid, events, learned),
+        data_parallel_rank=rank,
     )
 
 
@@ -472,6 +477,47 @@ def _shared_store_probe(config: TierConfig) -> GuardedTier:
     return probe
 
 
+_LAYOUT_FIELDS = ("num_kv_heads", "head_size", "dtype", "sliding_window", "attention_chunk_size")
+"""The KV cache spec's fields that decide what a stored block's bytes mean."""
+
+
+def _layout(spec: object) -> str:
+    """A KV cache spec's layout, named by fields rather than ``str(spec)``:
+    vLLM 0.33 added ``is_draft`` to the spec's repr, and engines of 0.32 and
+    0.33 with the same layout must name their blocks alike in a shared store."""
+    fields = (f"{name}={getattr(spec, name, None)}" for name in _LAYOUT_FIELDS)
+    return ",".join((type(spec).__name__, *fields))
+
+
+def _first_shard(vllm_config: VllmConfig) -> Shard:
+    """The store part of a block that the first worker (stage 0, rank 0)
+    holds, as the scheduler names it (it stands for the whole block)."""
+    parallel = vllm_config.parallel_config
+    return Shard(
+        pp_size=parallel.pipeline_parallel_size,
+        tp_size=parallel.tensor_parallel_size,
+        dcp_size=parallel.decode_context_parallel_size,
+        layers=envs.VLLM_PP_LAYER_PARTITION or "",
+    )
+
+
+def _worker_shard(vllm_config: VllmConfig) -> Shard:
+    """This worker's part of every block: its stage and ranks (``Shard``)."""
+    from vllm.distributed.parallel_state import (
+        get_dcp_world_size_and_rank,
+        get_pipeline_model_parallel_rank,
+        get_tensor_model_parallel_rank,
+    )
+
+    _, dcp_rank = get_dcp_world_size_and_rank()
+    return dataclasses.replace(
+        _first_shard(vllm_config),
+        pp_rank=get_pipeline_model_parallel_rank(),
+        tp_rank=get_tensor_model_parallel_rank(),
+        dcp_rank=dcp_rank,
+    )
+
+
 def _binding_scheduler(manager: KVCacheManager) -> Any | None:
     """The scheduler whose ``bind_kv_cache_manager`` call binds ``manager``,
     found on the call stack (vLLM gives connectors no reference to it; its
@@ -630,7 +676,12 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
         block_bytes = int(spec.page_size_bytes) * len(groups[0].layer_names)
         namespace = "|".join(
             str(part)
-            for part in (vllm_config.model_config.model, self._block_size, block_bytes, spec)
+            for part in (
+                vllm_config.model_config.model,
+                self._block_size,
+                block_bytes,
+                _layout(spec),
+            )
         )
         if self._resets:
             namespace += f"|reset {self._resets}"
@@ -643,10 +694,12 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
                 self._tier_config
             )
 
+            first = _first_shard(vllm_config)
+
             def shared(keys: Sequence[str]) -> int:
                 # Rank 0's shard stands for the block; another rank's missing
                 # shard is a failed load, recomputed like any tier miss.
-                return probe.contains([shard_key(key, 0) for key in keys])
+                return probe.contains([shard_key(key, first) for key in keys])
 
         return TierPlanner(
             KeyIndex(
@@ -1049,10 +1102,8 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
                 ),
                 timeout_s=config.timeout_s,
             )
-            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-
             self._tier_worker = TierWorker(
-                tier, codec, get_tensor_model_parallel_rank(), budget_s=config.step_budget_s
+                tier, codec, _worker_shard(self._vllm_config), budget_s=config.step_budget_s
             )
             first = next(iter(kv_caches.values()))
             logger.info(

@@ -92,7 +92,7 @@ class Engine:
     control: list[dict[str, Any]] = field(default_factory=list)
 
     async def notify_kv_transfer_request_rejected(
-        self, request_id: str, params: dict[str, Any]
+        self, request_id: str, params: dict[str, Any], *, data_parallel_rank: int | None = None
     ) -> None:
         self.control.append(params["agent_hints_control"])
 

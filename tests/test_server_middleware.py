@@ -23,11 +23,13 @@ class EngineClient:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.ranks: list[int | None] = []
 
     async def notify_kv_transfer_request_rejected(
-        self, request_id: str, params: dict[str, Any]
+        self, request_id: str, params: dict[str, Any], *, data_parallel_rank: int | None = None
     ) -> None:
         self.sent.append((request_id, params))
+        self.ranks.append(data_parallel_rank)
 
 
 @dataclass
@@ -405,3 +407,61 @@ def test_no_wait_is_named_for_an_unhinted_or_ending_request_or_another_route() -
     _chat(harness, 'sid="s1", end')
     call(harness, "/v1/completions", completion(), {"Agent-Hints": 'sid="s1"'})
     assert engine.sent == []
+
+
+@pytest.mark.parametrize(
+    ("given", "forwarded"),
+    [("12h", None), ("48h", None), ("3600s", None), ("24h", "24h"), ("in_memory", "in_memory"),
+     ("in-memory", "in_memory"), ("forever", None)],
+)  # fmt: skip
+def test_prompt_cache_retention_is_left_as_vllm_accepts_it(
+    given: str, forwarded: str | None
+) -> None:
+    """vLLM 0.33 refuses any value but ``in_memory`` and ``24h``: the rest became
+    the hint's ttl (or was ignored as malformed) and leaves the body."""
+    harness, seen, _ = make_app()
+    body = completion(prompt_cache_key="s1", prompt_cache_retention=given)
+    assert call(harness, "/v1/responses", body)[0] == 200
+    sent = json.loads(seen[0])
+    assert sent.get("prompt_cache_retention") == forwarded
+    if given == "12h":
+        assert sent["kv_transfer_params"]["agent_hints"]["ttl"] == 12 * 3600
+
+
+def test_a_session_keeps_to_one_data_parallel_rank() -> None:
+    """With data parallelism behind one API server, vLLM balances by load
+    unless a request names a rank: a session's requests and control events
+    name the same one, from its tenant and id; a client's own rank stands."""
+    harness, _, engine = make_app()
+    harness.app.state.vllm_config.parallel_config = SimpleNamespace(data_parallel_size=4)
+    ranks: list[bytes | None] = []
+    inner = harness.middleware.app
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        ranks.append(dict(scope["headers"]).get(b"x-data-parallel-rank"))
+        await inner(scope, receive, send)
+
+    harness.middleware.app = recording
+    for _ in range(3):
+        call(harness, "/v1/completions", completion(), {"Agent-Hints": 'v=1, sid="a"'})
+    assert len(set(ranks)) == 1 and ranks[0] is not None
+    rank_a = int(ranks[0])
+    control = json.dumps({"v": 1, "sid": "a", "events": [{"type": "end"}]}).encode()
+    assert call(harness, "/v1/agent-hints/events", control)[0] == 200
+    assert engine.ranks[-1] == rank_a
+    for i in range(20):  # sessions spread over the ranks
+        call(harness, "/v1/completions", completion(), {"Agent-Hints": f'v=1, sid="s{i}"'})
+    assert {int(r) for r in ranks if r is not None} == {0, 1, 2, 3}
+    ranks.clear()
+    call(harness, "/v1/completions", completion())  # unhinted: vLLM balances it
+    headers = {"Agent-Hints": 'v=1, sid="a"', "X-data-parallel-rank": "3"}
+    call(harness, "/v1/completions", completion(), headers)
+    assert ranks == [None, b"3"]
+
+
+def test_without_data_parallelism_no_rank_is_named() -> None:
+    harness, _, engine = make_app()
+    harness.app.state.vllm_config.parallel_config = SimpleNamespace(data_parallel_size=1)
+    control = json.dumps({"v": 1, "sid": "a", "events": [{"type": "end"}]}).encode()
+    assert call(harness, "/v1/agent-hints/events", control)[0] == 200
+    assert engine.ranks == [None]

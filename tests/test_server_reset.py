@@ -20,7 +20,7 @@ from hints_spec import AgentHints
 from server_ext import _vllm
 from server_ext._engine import hint_params
 from server_ext._vllm import AgentHintsConnector, AgentHintsMetadata
-from server_ext.tier import TIER_SECRET_ENV, TierConfig, shard_key
+from server_ext.tier import TIER_SECRET_ENV, Shard, TierConfig, shard_key
 
 HINTED = hint_params("tenant", AgentHints(sid="s", gap=30.0))
 
@@ -95,7 +95,7 @@ def test_a_reset_makes_the_mooncake_tier_forget_the_old_kv(
     _serve(s, "a")
     old = set(saved)
     assert len(old) >= 2
-    store.held.update(shard_key(key, 0) for key in old)  # the workers stored them
+    store.held.update(shard_key(key, Shard()) for key in old)  # the workers stored them
     planner = connector._planner
     assert planner is not None
 

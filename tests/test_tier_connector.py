@@ -103,3 +103,20 @@ def test_only_mooncake_is_a_tier_of_the_connector_and_needs_the_consumer_role() 
         assert _tier_for_role({"tier": "host"}, transfer(role)) is None
         assert _tier_for_role({}, transfer(role)) is None
         assert _tier_for_role({"tier": "none"}, transfer(role)) is None
+
+
+def test_the_store_namespace_names_the_layout_not_the_specs_repr() -> None:
+    """vLLM 0.33's spec repr gained ``is_draft``: engines of 0.32 and 0.33 with
+    one layout must still name their blocks alike in a shared store."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from server_ext._vllm import _LAYOUT_FIELDS, _layout
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.bfloat16)
+    fields = {name: getattr(spec, name, None) for name in _LAYOUT_FIELDS}
+    later = type("FullAttentionSpec", (), {**fields, "is_draft": False})()
+    assert _layout(later) == _layout(spec)
+    assert "is_draft" not in _layout(later)
+    other = type("FullAttentionSpec", (), {**fields, "head_size": 64})()
+    assert _layout(other) != _layout(spec)

@@ -17,6 +17,7 @@ from server_ext.tier import (
     GuardedTier,
     KeyIndex,
     KVTier,
+    Shard,
     TierConfig,
     TierConfigError,
     TierPayoff,
@@ -25,6 +26,7 @@ from server_ext.tier import (
     TierWorker,
     block_key,
     kv_role,
+    shard_key,
 )
 
 
@@ -305,9 +307,9 @@ def test_planner_untracked_requests_never_touch_the_tier() -> None:
 def test_worker_moves_blocks_and_reports_failures() -> None:
     source, target = kv_caches(seed=3), kv_caches(seed=4)
     tier = MemoryTier()
-    saver = TierWorker(tier, BlockCodec(source, 6), rank=0)
+    saver = TierWorker(tier, BlockCodec(source, 6), Shard())
     saver.save([("k1", 2, 0.0), ("k2", 3, 0.0)], drops=[])
-    loader = TierWorker(tier, BlockCodec(target, 6), rank=0)
+    loader = TierWorker(tier, BlockCodec(target, 6), Shard())
     assert loader.load([("k1", 0), ("k2", 1), ("missing", 5)]) == {5}
     for name in source:
         assert torch.equal(target[name][:, 0:2], source[name][:, 2:4])
@@ -315,7 +317,7 @@ def test_worker_moves_blocks_and_reports_failures() -> None:
     assert report is not None and report.failed_loads == ["missing"]
     assert report.bytes_loaded == 2 * loader.codec.block_bytes
     saver.save([], drops=["k1"])
-    assert tier.contains(["k1/tp0"]) == 0
+    assert tier.contains([shard_key("k1", Shard())]) == 0
 
 
 def test_a_corrupted_value_is_a_failed_load_never_corrupt_kv() -> None:
@@ -323,7 +325,7 @@ def test_a_corrupted_value_is_a_failed_load_never_corrupt_kv() -> None:
     before = {name: t.clone() for name, t in target.items()}
     tier = MemoryTier()
     TierWorker(tier, BlockCodec(source, 6)).save([("k1", 2, 0.0), ("k2", 3, 0.0)], drops=[])
-    stored, _ = tier.values["k1/tp0"]
+    stored, _ = tier.values[shard_key("k1", Shard())]
     stored[3] ^= 0xFF  # the stored bytes rot
     loader = TierWorker(tier, BlockCodec(target, 6))
     assert loader.load([("k1", 0), ("k2", 1)]) == {0}  # vLLM recomputes block 0
@@ -332,7 +334,7 @@ def test_a_corrupted_value_is_a_failed_load_never_corrupt_kv() -> None:
         assert torch.equal(target[name][:, 1], source[name][:, 3])
     report = loader.take_report()
     assert report is not None and report.failed_loads == ["k1"]
-    assert tier.stats.corrupt == 1 and tier.contains(["k1/tp0"]) == 0
+    assert tier.stats.corrupt == 1 and tier.contains([shard_key("k1", Shard())]) == 0
 
 
 def test_worker_reports_the_step_time_its_transfers_took() -> None:
@@ -485,3 +487,26 @@ def test_tier_config(monkeypatch: pytest.MonkeyPatch) -> None:
                 {"tier": "mooncake", "mooncake_master": 5}):  # fmt: skip
         with pytest.raises(TierConfigError):
             TierConfig.from_mapping(bad)
+
+
+def test_store_keys_bind_the_workers_layer_layout() -> None:
+    """Two pipeline stages with equal layer counts hold same-shaped parts of a
+    block: their store keys differ, so neither loads the other's layers."""
+    stage0, stage1 = Shard(pp_rank=0, pp_size=2), Shard(pp_rank=1, pp_size=2)
+    keys = {shard_key("k", s) for s in (stage0, stage1, Shard(tp_rank=1, tp_size=2), Shard())}
+    assert len(keys) == 4
+    split = Shard(pp_rank=0, pp_size=2, layers="10,22")
+    assert shard_key("k", split) != shard_key("k", stage0)
+
+
+def test_a_save_one_worker_failed_is_dropped_on_every_worker() -> None:
+    """Parallel workers each store their part of a key: when one fails, the
+    others' parts are dropped with the next step, not left outside the budget."""
+    plan = TierPlanner(KeyIndex(None), "ns", BS, 10)
+    plan.track("r", "t", pin_s=0)
+    ops = plan.step([BlockProgress("r", HASHES[:2], [0, 1], 2 * BS)])
+    first, second = (key for key, _, _ in ops.saves)
+    plan.worker_report([first], [], bytes_saved=10, bytes_loaded=0)
+    assert first not in plan.index and second in plan.index
+    assert plan.step([]).drops == [first]
+    assert plan.step([]).drops == []

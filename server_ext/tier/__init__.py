@@ -14,7 +14,7 @@ from ._blocks import BlockCodec
 from ._config import DEFAULT_TIER, TIER_KINDS, TIER_SECRET_ENV, TierConfig, TierConfigError, kv_role
 from ._guard import GuardedTier
 from ._index import KeyIndex
-from ._keys import block_key, checksum, mac, shard_key
+from ._keys import Shard, block_key, checksum, mac, shard_key
 from ._master import MooncakeMaster, MooncakeUnavailable, local_mooncake_master
 from ._mooncake import MooncakeTier
 from ._payoff import EXPLORE_SHARE, TierPayoff
@@ -35,6 +35,7 @@ __all__ = [
     "MooncakeMaster",
     "MooncakeTier",
     "MooncakeUnavailable",
+    "Shard",
     "TierConfig",
     "TierConfigError",
     "TierCounters",

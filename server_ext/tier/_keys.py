@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MAC_BYTES", "block_key", "checksum", "mac", "shard_key"]
+__all__ = ["MAC_BYTES", "Shard", "block_key", "checksum", "mac", "shard_key"]
 
 MAC_BYTES = 16
 
@@ -33,9 +34,38 @@ def block_key(namespace: str, tenant: str, block_hash: bytes, secret: bytes | No
     return "agent-hints/" + digest.hexdigest()
 
 
-def shard_key(key: str, rank: int) -> str:
-    """The store key of tensor-parallel rank ``rank``'s shard of block ``key``."""
-    return f"{key}/tp{rank}"
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Which part of a block's KV one worker holds: its pipeline stage (of
+    how many, and how the layers are split over them), its tensor-parallel
+    and decode-context-parallel rank (of how many).
+
+    Every part goes into the store key, and so under the value's MAC: two
+    stages with equal layer counts hold same-shaped values, and a key naming
+    the rank alone would let one stage load another's layers as valid KV.
+    """
+
+    pp_rank: int = 0
+    pp_size: int = 1
+    tp_rank: int = 0
+    tp_size: int = 1
+    dcp_rank: int = 0
+    dcp_size: int = 1
+    layers: str = ""
+    """The pipeline's layer split when an operator set one (vLLM's
+    ``VLLM_PP_LAYER_PARTITION``), else empty: vLLM's even split."""
+
+    def __str__(self) -> str:
+        text = (
+            f"pp{self.pp_rank}of{self.pp_size}.tp{self.tp_rank}of{self.tp_size}"
+            f".dcp{self.dcp_rank}of{self.dcp_size}"
+        )
+        return f"{text}.layers{self.layers}" if self.layers else text
+
+
+def shard_key(key: str, shard: Shard) -> str:
+    """The store key of ``shard``'s part of block ``key``."""
+    return f"{key}/{shard}"
 
 
 def checksum(value: torch.Tensor) -> int:

@@ -269,12 +269,16 @@ class TierPlanner:
         seconds: float = 0.0,
     ) -> None:
         """What the worker(s) did in ``seconds`` of steps: keys they could not
-        store or serve leave the index (tensor-parallel workers may each report
-        the same key); a failed load is a prefill the books counted as spared
-        and the engine still does."""
+        store or serve leave the index (parallel workers may each report the
+        same key); a failed load is a prefill the books counted as spared
+        and the engine still does. A key one worker failed to store is
+        dropped on every worker with the next step: the other workers' parts
+        of it would sit in the store, outside the index's budget, unloadable
+        without the missing part."""
         saves, loads = set(failed_saves), set(failed_loads)
         self.payoff.cost(seconds + self._prefill_seconds(len(loads)))
         self.index.remove(saves | loads)
+        self._ops.drops.extend(sorted(saves))
         self.counters.save_failures += len(saves)
         self.counters.load_failures += len(loads)
         self.counters.bytes_saved += bytes_saved

@@ -12,7 +12,7 @@ import torch
 
 from ._blocks import BlockCodec
 from ._guard import GuardedTier
-from ._keys import shard_key
+from ._keys import Shard, shard_key
 from ._protocol import KVTier
 
 __all__ = ["TierReport", "TierWorker"]
@@ -35,8 +35,9 @@ class TierReport:
 class TierWorker:
     """Moves packed blocks between the KV caches and a tier.
 
-    Store keys carry the worker's tensor-parallel ``rank`` (``shard_key``), so
-    the shards of one block never collide in a shared store. No method raises:
+    Store keys carry the worker's ``shard`` (pipeline stage, tensor- and
+    decode-context-parallel rank: ``shard_key``), so the parts of one block
+    never collide in a shared store, nor pass for one another. No method raises:
     a failed load is reported (vLLM recomputes the block), a failed save only
     means a later miss. Each call's loads (and each call's saves) take at
     most ``budget_s`` of the step: a slow but alive store is given that long,
@@ -50,14 +51,14 @@ class TierWorker:
         self,
         tier: KVTier,
         codec: BlockCodec,
-        rank: int = 0,
+        shard: Shard = Shard(),  # noqa: B008 - frozen, shared safely
         *,
         budget_s: float = float("inf"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tier = tier
         self.codec = codec
-        self._rank = rank
+        self._shard = shard
         self._budget_s = budget_s
         self._clock = clock
         self._report = TierReport()
@@ -92,7 +93,7 @@ class TierWorker:
 
     def _load(self, key: str, block_id: int) -> bool:
         try:
-            value = self.tier.get(shard_key(key, self._rank))
+            value = self.tier.get(shard_key(key, self._shard))
             if value is not None:
                 self.codec.unpack(value, block_id)
                 self._report.bytes_loaded += value.numel()
@@ -106,7 +107,7 @@ class TierWorker:
         with self._budget() as deadline:
             try:
                 if drops:
-                    self.tier.drop([shard_key(key, self._rank) for key in drops])
+                    self.tier.drop([shard_key(key, self._shard) for key in drops])
                 values = self.codec.pack([block_id for _, block_id, _ in saves])
             except Exception:
                 logger.exception("agent-hints tier: save of %d blocks failed", len(saves))
@@ -120,7 +121,7 @@ class TierWorker:
 
     def _put(self, key: str, value: torch.Tensor, pin_s: float) -> bool:
         try:
-            return self.tier.put(shard_key(key, self._rank), value, pin_s)
+            return self.tier.put(shard_key(key, self._shard), value, pin_s)
         except Exception:
             logger.exception("agent-hints tier: put failed")
             return False
