@@ -60,6 +60,7 @@ __all__ = [
     "hint_params",
     "read_control",
     "read_hint_params",
+    "without_hints",
 ]
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,14 @@ class HintedParams(NamedTuple):
     hints: AgentHints
     """The hint, valid, with a session (``sid`` is set)."""
     prefetch: bool
+
+
+def without_hints(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``params`` without a hinted request's members (a control message's
+    stays): what an engine should see of a request it will never serve."""
+    if params is None:
+        return None
+    return {k: v for k, v in params.items() if k not in (HINTS_KEY, TENANT_KEY, PREFETCH_KEY)}
 
 
 def read_hint_params(params: object) -> HintedParams | None:

@@ -81,7 +81,13 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.request import RequestStatus
 
 from ._config import MULTI_CONNECTOR, OFFLOADING_CONNECTOR, ExtensionConfig, extension_extra
-from ._engine import EngineRetention, control_params, read_control, read_hint_params
+from ._engine import (
+    EngineRetention,
+    control_params,
+    read_control,
+    read_hint_params,
+    without_hints,
+)
 from ._headroom import Headroom
 from ._launcher import RESERVED_CPU_ENV
 from ._pool import HoldPort, ShelfPort, allocate_after_room
@@ -875,6 +881,12 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
     # -- scheduler-side hooks
 
     def on_new_request(self, request: Request) -> None:
+        if getattr(request, "abort_immediately", False):
+            # vLLM 0.33 adds a request that arrived while it was paused only to
+            # abort it at once: the branch did not come back, and its hints
+            # (an end, a new deadline) must not act. It stays as unhinted,
+            # for this connector and every one after it.
+            request.kv_transfer_params = without_hints(request.kv_transfer_params)
         # Before any connector after this one reads kv_hints (vLLM's offloading
         # builds its request context from them here): SPEC 5.2.
         request.kv_hints = lower_to_envelope(request.kv_hints, request.kv_transfer_params)
