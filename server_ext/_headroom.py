@@ -68,14 +68,24 @@ class RunningRequest(Protocol):
 
 
 def blocks_to_grow(
-    request: RunningRequest, allocated: int, block_size: int, step_tokens: int
+    request: RunningRequest,
+    allocated: int,
+    block_size: int,
+    step_tokens: int,
+    lookahead: int = 0,
 ) -> int:
     """Blocks ``request`` (holding ``allocated``) takes in its next step of at
     most ``step_tokens`` prefill tokens and the ``block_size`` tokens after
-    it, never past its prompt plus ``max_tokens``."""
-    reach = min(request.num_tokens, allocated * block_size + step_tokens) + block_size
+    it, never past its prompt plus ``max_tokens``; plus, as vLLM allocates
+    them, its draft tokens, the output placeholders of steps in flight (async
+    scheduling) and the engine's ``lookahead`` slots (speculative decoding)."""
+    ahead = getattr(request, "num_tokens_with_spec", request.num_tokens) + getattr(
+        request, "num_output_placeholders", 0
+    )
+    reach = min(ahead, allocated * block_size + step_tokens) + block_size
     if request.max_tokens is not None:
         reach = min(reach, request.num_prompt_tokens + request.max_tokens)
+    reach += lookahead
     return max(-(-reach // block_size) - allocated, 0)
 
 
@@ -86,7 +96,8 @@ class Headroom:
     allocated their blocks for the step by then), then grown by each request
     admitted in the step; ``new_step`` starts over. ``allocated`` gives the
     blocks a request holds (one KV cache group); ``step_tokens`` is the most
-    tokens a step schedules. Unarmed (``short``), it keeps room only for
+    tokens a step schedules, ``lookahead`` the slots vLLM allocates beyond
+    them for speculative decoding. Unarmed (``short``), it keeps room only for
     admissions that load from a tier.
 
     Invariants: ``armed_for`` (admissions left in the window) is between 0 and
@@ -96,9 +107,16 @@ class Headroom:
     since ``new_step``.
     """
 
-    def __init__(self, block_size: int, step_tokens: int, allocated: Callable[[str], int]) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        step_tokens: int,
+        allocated: Callable[[str], int],
+        lookahead: int = 0,
+    ) -> None:
         self._block_size = block_size
         self._step_tokens = step_tokens
+        self._lookahead = lookahead
         self._allocated = allocated
         self._reserve: int | None = None
         self.armed_for = 0
@@ -148,4 +166,4 @@ class Headroom:
 
     def _grow(self, request: RunningRequest) -> int:
         held = self._allocated(request.request_id)
-        return blocks_to_grow(request, held, self._block_size, self._step_tokens)
+        return blocks_to_grow(request, held, self._block_size, self._step_tokens, self._lookahead)

@@ -904,7 +904,14 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
         # The most prefill a request gets in one step.
         threshold = int(self._vllm_config.scheduler_config.long_prefill_token_threshold)
         chunk = min(self._step_tokens, threshold) if threshold > 0 else self._step_tokens
-        return Headroom(self._block_size, chunk, lambda rid: len(manager.get_blocks(rid).blocks[0]))
+        return Headroom(
+            self._block_size,
+            chunk,
+            lambda rid: len(manager.get_blocks(rid).blocks[0]),
+            # The slots vLLM allocates ahead of each running request (0 without
+            # speculative decoding).
+            lookahead=int(getattr(self._vllm_config, "num_lookahead_tokens", 0) or 0),
+        )
 
     def has_pending_block_frees(self) -> bool:
         """True while a running warm-up will free blocks soon: vLLM then passes

@@ -103,6 +103,28 @@ def test_blocks_to_grow(
     assert blocks_to_grow(running, allocated, BLOCK, step_tokens) == grow
 
 
+@dataclass
+class _AsyncRunning(_Running):
+    """A request as vLLM 0.33 holds it under async scheduling and speculation."""
+
+    num_tokens_with_spec: int = 0
+    num_output_placeholders: int = 0
+
+
+def test_blocks_to_grow_counts_what_vllm_allocates_ahead() -> None:
+    """Under async scheduling a step in flight adds output placeholders; with
+    speculative decoding draft tokens and lookahead slots: vLLM allocates for
+    each, so the headroom keeps room for them too (one block per running
+    request too little otherwise)."""
+    decoding = _Running("r", 48, 63, None)  # one slot left in its 4th block
+    assert blocks_to_grow(decoding, 4, BLOCK, 256) == 1
+    in_flight = _AsyncRunning("r", 48, 63, None, num_tokens_with_spec=63, num_output_placeholders=2)
+    assert blocks_to_grow(in_flight, 4, BLOCK, 256) == 2
+    drafting = _AsyncRunning("r", 48, 63, None, num_tokens_with_spec=66)
+    assert blocks_to_grow(drafting, 4, BLOCK, 256) == 2
+    assert blocks_to_grow(decoding, 4, BLOCK, 256, lookahead=BLOCK) == 2
+
+
 def test_headroom_is_summed_once_a_step_and_grows_with_admissions() -> None:
     held = {"a": 4, "b": 3}
     headroom = Headroom(BLOCK, 256, held.__getitem__)
