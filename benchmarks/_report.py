@@ -35,7 +35,10 @@ __all__ = [
 _HINT_PREFIX = "agent_hints_"
 _BASELINES = ("plain", "hint-free", "unlimited")
 _HINT_FREE = "hint-free"
-_TIER_MOVED = "agent_hints_tier_bytes_moved_total"
+_TIER_MOVED = "agent_hints_tier_moved_bytes_total"
+"""Bytes the extension's own tier (Mooncake) moved."""
+_OFFLOADED = "vllm:kv_offload_total_bytes_total"
+"""Bytes vLLM's offloading (the host tier, and the hint-free baseline) moved."""
 _PREFETCH = "agent_hints_prefetch_total"
 _ORDER_ENFORCED = "agent_hints_order_enforced"
 _LABELLED = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)\{\w+="([^"]*)"\}')
@@ -278,7 +281,7 @@ def summarize(run: ConfigRun) -> dict[str, Any]:
         "server_queue_time_mean_s": _mean_of(run, "vllm:request_queue_time_seconds"),
         "server_prefill_time_mean_s": _mean_of(run, "vllm:request_prefill_time_seconds"),
         "kv_usage_mean": statistics.fmean(usage) if usage else None,
-        "tier_bytes_moved": _delta(run, _TIER_MOVED),
+        "tier_bytes_moved": _delta(run, _TIER_MOVED) + _delta(run, _OFFLOADED),
         "prefetch": _by_label(run, _PREFETCH) if _PREFETCH in run.metrics_after else None,
         "calibration": _calibration(run.records),
         "server_calibration": _server_calibration(hints),

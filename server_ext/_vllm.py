@@ -286,9 +286,9 @@ _GAUGES = {
     "loads did not pay for the engine time it took (it keeps a small share to find out)",
     "admission_gated_share": "Share of arrivals on which warm-first admission may hold "
     "prefills back, as its online trial decides (0.5 while it learns)",
-    "admission_gated_wait_s": "Recent mean wait for the first token of requests on the "
+    "admission_gated_wait_seconds": "Recent mean wait for the first token of requests on the "
     "trial's gated side",
-    "admission_open_wait_s": "Recent mean wait for the first token of requests on the "
+    "admission_open_wait_seconds": "Recent mean wait for the first token of requests on the "
     "trial's open (first come, first served) side",
 }
 
@@ -382,7 +382,7 @@ nothing is retained. ``/metrics`` is open to anyone, so they are exported only
 with ``state_metrics`` (for operators who restrict ``/metrics``)."""
 # The scheduler waits on a shared-store lookup; a normal one takes under 1 ms.
 _PROBE_TIMEOUT_S = 0.05
-# Stats entries that feed agent_hints_tier_bytes_moved: name -> direction label.
+# Stats entries that feed agent_hints_tier_moved_bytes: name -> direction label.
 _MOVED = {"tier_bytes_saved": "save", "tier_bytes_loaded": "load"}
 
 
@@ -409,7 +409,7 @@ class AgentHintsPromMetrics(KVConnectorPromMetrics):
             counter = self._counter_cls(f"agent_hints_{name}", doc, labelnames=labelnames)
             self._series[name] = self._per_engine(counter)
         moved = self._counter_cls(
-            "agent_hints_tier_bytes_moved",
+            "agent_hints_tier_moved_bytes",
             "Bytes of KV copied to (save) and from (load) the tier",
             labelnames=[*labelnames, "direction"],
         )
@@ -1103,7 +1103,7 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
                 now["admission_gated_share"] = trial.gated_share
                 for side, name in ((True, "gated"), (False, "open")):
                     if (wait := trial.mean_wait_s(side)) is not None:
-                        now[f"admission_{name}_wait_s"] = wait
+                        now[f"admission_{name}_wait_seconds"] = wait
         if (seconds := self._timer.seconds_per_token) is not None:
             now["prefill_seconds_per_token"] = seconds
         if self._shelf is not None:

@@ -134,7 +134,7 @@ def test_tier_bytes_and_prefetches_are_deltas_of_their_counters() -> None:
     tiered = _run(
         "host",
         [_record(600, 800, 0.1)],
-        agent_hints_tier_bytes_moved_total=3_500_000.0,
+        agent_hints_tier_moved_bytes_total=3_500_000.0,
         agent_hints_prefetch_total=7.0,
         **{
             'agent_hints_prefetch_total{result="issued"}': 4.0,
@@ -142,7 +142,7 @@ def test_tier_bytes_and_prefetches_are_deltas_of_their_counters() -> None:
             'agent_hints_prefetch_created{result="issued"}': 1e9,
         },
     )
-    tiered.metrics_before["agent_hints_tier_bytes_moved_total"] = 500_000.0
+    tiered.metrics_before["agent_hints_tier_moved_bytes_total"] = 500_000.0
     tiered.metrics_before['agent_hints_prefetch_total{result="issued"}'] = 1.0
     s = summarize(tiered)
     assert s["tier_bytes_moved"] == 3_000_000.0

@@ -129,7 +129,7 @@ HOST = Books(
     per_block=False,
 )
 MOONCAKE = Books(
-    "agent_hints_tier_bytes_moved_total", "agent_hints_tier_hits_total", per_block=True
+    "agent_hints_tier_moved_bytes_total", "agent_hints_tier_hits_total", per_block=True
 )
 
 
@@ -198,7 +198,7 @@ def wait_for_the_store(server: LocalServer, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     for i in itertools.count():
         complete(server, tokens(900 + i, 192), 'v=1, sid="probe", gap=1')
-        if wait_metric(server, "agent_hints_tier_bytes_moved_total", 1, timeout=2.0) > 0:
+        if wait_metric(server, "agent_hints_tier_moved_bytes_total", 1, timeout=2.0) > 0:
             end(server, "probe")
             return
         assert time.monotonic() < deadline, "the engine never connected to the store"
@@ -275,10 +275,10 @@ def test_a_second_engine_loads_what_the_first_stored_in_mooncake(
     # The first engine stays up: its memory segment holds what it stored.
     with tier_server(test_model_dir, tmp_path, tier) as first:
         wait_for_the_store(first)
-        stored = metric(first, "agent_hints_tier_bytes_moved_total")
+        stored = metric(first, "agent_hints_tier_moved_bytes_total")
         cold = complete(first, session, hints)
         assert cold.cached == 0
-        wait_metric(first, "agent_hints_tier_bytes_moved_total", stored + 1)
+        wait_metric(first, "agent_hints_tier_moved_bytes_total", stored + 1)
         with tier_server(test_model_dir, tmp_path, tier) as second:
             moved = complete(second, session, hints)
             shared = wait_metric(second, "agent_hints_tier_shared_blocks_total", 1)
