@@ -74,3 +74,27 @@ def test_serve_execs_vllm_with_the_reservation(
     monkeypatch.delenv(RESERVED_CPU_ENV, raising=False)
     assert serve_main(["serve", "m", "--print-command"]) == 0
     assert capsys.readouterr().out.startswith(f"{RESERVED_CPU_ENV}=")
+
+
+def test_a_plain_vllm_launch_finds_the_connector_by_name(
+    test_model_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM's own launch, no module path: the package's ``vllm.general_plugins``
+    entry point registers the connector, so vLLM finds it by name (and the
+    extension's metrics appear on vLLM's ``/metrics``)."""
+    transfer = '{"kv_connector": "AgentHintsConnector", "kv_role": "kv_both"}'
+    with local_server(
+        test_model_dir,
+        extension=False,
+        kv_blocks=64,
+        max_model_len=2048,
+        args=["--kv-transfer-config", transfer],
+        env=extension_env(),
+        log_dir=tmp_path,
+        startup_timeout=600,
+    ) as server:
+        status, _ = server.post_json(
+            "/v1/completions", {"model": server.model, "prompt": [5] * 200, "max_tokens": 2}
+        )
+        assert status == 200
+        assert any(name.startswith("agent_hints_") for name in server.metrics())
