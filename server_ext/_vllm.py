@@ -543,14 +543,21 @@ def _first_shard(vllm_config: VllmConfig) -> Shard:
     parallel = vllm_config.parallel_config
     return Shard(
         pp_size=parallel.pipeline_parallel_size,
-        tp_size=parallel.tensor_parallel_size,
+        # MLA's latent KV is the same on every tensor-parallel rank: one part.
+        tp_size=1 if _replicated(vllm_config) else parallel.tensor_parallel_size,
         dcp_size=parallel.decode_context_parallel_size,
         layers=envs.VLLM_PP_LAYER_PARTITION or "",
     )
 
 
-def _worker_shard(vllm_config: VllmConfig) -> Shard:
-    """This worker's part of every block: its stage and ranks (``Shard``)."""
+def _replicated(vllm_config: VllmConfig) -> bool:
+    """Whether every tensor-parallel rank holds the same KV (MLA)."""
+    return bool(getattr(vllm_config.model_config, "use_mla", False))
+
+
+def _worker_shard(vllm_config: VllmConfig) -> tuple[Shard, bool]:
+    """This worker's part of every block (``Shard``: its stage and ranks), and
+    whether it stores it (with MLA only TP rank 0 does; every rank loads it)."""
     from vllm.distributed.parallel_state import (
         get_dcp_world_size_and_rank,
         get_pipeline_model_parallel_rank,
@@ -558,12 +565,15 @@ def _worker_shard(vllm_config: VllmConfig) -> Shard:
     )
 
     _, dcp_rank = get_dcp_world_size_and_rank()
-    return dataclasses.replace(
+    tp_rank = get_tensor_model_parallel_rank()
+    replicated = _replicated(vllm_config)
+    shard = dataclasses.replace(
         _first_shard(vllm_config),
         pp_rank=get_pipeline_model_parallel_rank(),
-        tp_rank=get_tensor_model_parallel_rank(),
+        tp_rank=0 if replicated else tp_rank,
         dcp_rank=dcp_rank,
     )
+    return shard, not replicated or tp_rank == 0
 
 
 def _binding_scheduler(manager: KVCacheManager) -> Any | None:
@@ -1164,8 +1174,9 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
                 ),
                 timeout_s=config.timeout_s,
             )
+            shard, stores = _worker_shard(self._vllm_config)
             self._tier_worker = TierWorker(
-                tier, codec, _worker_shard(self._vllm_config), budget_s=config.step_budget_s
+                tier, codec, shard, stores=stores, budget_s=config.step_budget_s
             )
             first = next(iter(kv_caches.values()))
             logger.info(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -510,3 +511,32 @@ def test_a_save_one_worker_failed_is_dropped_on_every_worker() -> None:
     assert first not in plan.index and second in plan.index
     assert plan.step([]).drops == [first]
     assert plan.step([]).drops == []
+
+
+def test_with_mla_one_rank_stores_the_part_every_rank_loads() -> None:
+    """MLA's latent KV is the same on every tensor-parallel rank: rank 0
+    stores one part, the others store nothing and load that part."""
+    source, target = kv_caches(seed=3), kv_caches(seed=4)
+    tier = MemoryTier()
+    TierWorker(tier, BlockCodec(source, 6), Shard(), stores=False).save([("k1", 2, 0.0)], [])
+    assert tier.contains([shard_key("k1", Shard())]) == 0  # rank 1: nothing stored
+    TierWorker(tier, BlockCodec(source, 6), Shard()).save([("k1", 2, 0.0)], [])
+    other_rank = TierWorker(tier, BlockCodec(target, 6), Shard(), stores=False)
+    assert other_rank.load([("k1", 0)]) == set()
+    for name in source:
+        assert torch.equal(target[name][:, 0], source[name][:, 2])
+
+
+def test_the_scheduler_names_mla_blocks_by_one_part() -> None:
+    from types import SimpleNamespace
+
+    from server_ext._vllm import _first_shard
+
+    def config(mla: bool) -> Any:
+        parallel = SimpleNamespace(
+            pipeline_parallel_size=1, tensor_parallel_size=4, decode_context_parallel_size=1
+        )
+        return SimpleNamespace(parallel_config=parallel, model_config=SimpleNamespace(use_mla=mla))
+
+    assert _first_shard(config(True)) == Shard()
+    assert _first_shard(config(False)) == Shard(tp_size=4)

@@ -37,7 +37,9 @@ class TierWorker:
 
     Store keys carry the worker's ``shard`` (pipeline stage, tensor- and
     decode-context-parallel rank: ``shard_key``), so the parts of one block
-    never collide in a shared store, nor pass for one another. No method raises:
+    never collide in a shared store, nor pass for one another. Where every
+    tensor-parallel rank holds the same bytes (MLA), one part serves them all:
+    the others load it and do not store (``stores`` False). No method raises:
     a failed load is reported (vLLM recomputes the block), a failed save only
     means a later miss. Each call's loads (and each call's saves) take at
     most ``budget_s`` of the step: a slow but alive store is given that long,
@@ -53,12 +55,14 @@ class TierWorker:
         codec: BlockCodec,
         shard: Shard = Shard(),  # noqa: B008 - frozen, shared safely
         *,
+        stores: bool = True,
         budget_s: float = float("inf"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tier = tier
         self.codec = codec
         self._shard = shard
+        self._stores = stores
         self._budget_s = budget_s
         self._clock = clock
         self._report = TierReport()
@@ -103,7 +107,10 @@ class TierWorker:
         return False
 
     def save(self, saves: Sequence[tuple[str, int, float]], drops: Sequence[str]) -> None:
-        """Apply the planner's drops, then copy KV cache -> tier."""
+        """Apply the planner's drops, then copy KV cache -> tier (not at all on a
+        worker whose part another worker stores: ``stores``)."""
+        if not self._stores:
+            return
         with self._budget() as deadline:
             try:
                 if drops:
