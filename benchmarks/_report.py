@@ -217,16 +217,17 @@ def _calibration(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
     }
 
 
-def _server_calibration(hints: Mapping[str, float]) -> dict[str, Any] | None:
+def _server_calibration(run: ConfigRun, hints: Mapping[str, float]) -> dict[str, Any] | None:
     """The server's predicted vs actual return of branches (its gap estimator,
     the client's ``gap`` as prior, learned per session and tool), from the
-    extension's counters. None when the server predicted no return."""
+    extension's counters and its histogram of errors. None when the server
+    predicted no return."""
     n = hints.get("predicted_returns", 0.0)
     if not n:
         return None
     return {
         "returns": int(n),
-        "mean_abs_log2_error": hints.get("return_log2_error_sum", 0.0) / n,
+        "mean_abs_log2_error": _delta(run, "agent_hints_return_log2_error_sum") / n,
         "within_2x": hints.get("returns_within_2x", 0.0) / n,
     }
 
@@ -284,7 +285,7 @@ def summarize(run: ConfigRun) -> dict[str, Any]:
         "tier_bytes_moved": _delta(run, _TIER_MOVED) + _delta(run, _OFFLOADED),
         "prefetch": _by_label(run, _PREFETCH) if _PREFETCH in run.metrics_after else None,
         "calibration": _calibration(run.records),
-        "server_calibration": _server_calibration(hints),
+        "server_calibration": _server_calibration(run, hints),
         "load_avg_at_end": list(run.load_avg),
         "ceiling": run.ceiling,
     }

@@ -310,14 +310,19 @@ class AgentHintsStats(KVConnectorStats):
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         for name, value in other.data.items():
-            if name in self.GAUGES:
+            if name == _OBSERVED:
+                self.data[name] = [*self.data.get(name, ()), *value]
+            elif name in self.GAUGES:
                 self.data[name] = value
             else:
                 self.data[name] = self.data.get(name, 0) + value
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        return dict(self.data)
+        reduced = {k: v for k, v in self.data.items() if k != _OBSERVED}
+        if _OBSERVED in self.data:
+            reduced["predicted_returns_observed"] = len(self.data[_OBSERVED])
+        return reduced
 
     def is_empty(self) -> bool:
         return not self.data
@@ -340,7 +345,6 @@ _COUNTERS = {
     "real_preemptions": "Times vLLM preempted a request that has finished since (not a warm-up)",
     "warmup_preemptions": "Times vLLM preempted a prefetch warm-up (they go before real requests)",
     "predicted_returns": "Branch returns whose predicted gap was checked against the actual one",
-    "return_log2_error_sum": "Sum of |log2(actual gap / predicted gap)| over predicted returns",
     "returns_within_2x": "Predicted returns whose actual gap was within 2x of the prediction",
     "warmups_returned": "Warmed retentions whose branch came back while they were held",
     "warmups_wasted": "Warmed retentions released before their branch came back",
@@ -382,6 +386,10 @@ nothing is retained. ``/metrics`` is open to anyone, so they are exported only
 with ``state_metrics`` (for operators who restrict ``/metrics``)."""
 # The scheduler waits on a shared-store lookup; a normal one takes under 1 ms.
 _PROBE_TIMEOUT_S = 0.05
+_OBSERVED = "return_log2_errors"
+"""The stats entry of the calibration histogram's observations (a list)."""
+_ERROR_BUCKETS = (0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0)
+"""|log2(actual / predicted)|: within 19%, 41%, 2x, 4x, 8x, 16x, 64x."""
 # Stats entries that feed agent_hints_tier_moved_bytes: name -> direction label.
 _MOVED = {"tier_bytes_saved": "save", "tier_bytes_loaded": "load"}
 
@@ -413,6 +421,15 @@ class AgentHintsPromMetrics(KVConnectorPromMetrics):
             "Bytes of KV copied to (save) and from (load) the tier",
             labelnames=[*labelnames, "direction"],
         )
+        histogram: Any = self._histogram_cls  # vLLM types the three classes as one union
+        errors = histogram(
+            "agent_hints_return_log2_error",
+            "|log2(actual gap / predicted gap)| of branch returns: the server's predictions "
+            "against the gaps that came (1 = a factor of 2)",
+            labelnames=labelnames,
+            buckets=_ERROR_BUCKETS,
+        )
+        self._series[_OBSERVED] = self._per_engine(errors)
         for name, direction in _MOVED.items():
             self._series[name] = {
                 i: moved.labels(*values, direction)
@@ -427,7 +444,10 @@ class AgentHintsPromMetrics(KVConnectorPromMetrics):
             series = self._series.get(name, {}).get(engine_idx)
             if series is None:
                 continue
-            if name in _GAUGES:
+            if name == _OBSERVED:
+                for error in value:
+                    series.observe(error)
+            elif name in _GAUGES:
                 series.set(value)
             elif value > 0:  # a counter never goes down (inc raises on a negative)
                 series.inc(value)
@@ -1104,6 +1124,7 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
         now: dict[str, float] = {}
         if self._retention is not None:
             now.update(dataclasses.asdict(self._retention.stats))
+            del now["return_log2_error_sum"]  # a histogram of each error instead
             now["faults"] = self._retention.faults
             now["deferrals"] = self._retention.deferrals
             now["warmup_yields"] = self._warmup_yields
@@ -1133,12 +1154,14 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
             now["tier_saving"] = float(payoff.saving)
             now["tier_cost_seconds"] = payoff.cost_s
             now["tier_spared_seconds"] = payoff.spared_s
-        delta = {
+        delta: dict[str, Any] = {
             k: (v if k in AgentHintsStats.GAUGES else v - self._reported.get(k, 0))
             for k, v in now.items()
             if v != self._reported.get(k)
         }
         self._reported = now
+        if self._retention is not None and (errors := self._retention.policy.take_return_errors()):
+            delta[_OBSERVED] = errors
         return AgentHintsStats(data=delta) if delta else None
 
     @classmethod

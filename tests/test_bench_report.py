@@ -122,7 +122,7 @@ def test_server_calibration_comes_from_the_extension_counters() -> None:
         "retention",
         [_record(1, 1, 0.1)],
         agent_hints_predicted_returns_total=4.0,
-        agent_hints_return_log2_error_sum_total=2.0,
+        agent_hints_return_log2_error_sum=2.0,
         agent_hints_returns_within_2x_total=3.0,
     )
     c = summarize(run)["server_calibration"]

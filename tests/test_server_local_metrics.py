@@ -66,3 +66,29 @@ def test_samples_by_series_and_by_labels(server: LocalServer) -> None:
     assert metrics['odd{path="x}y"}'] == 2.0 and metrics["odd"] == 3.0
     assert metrics["stamped_total"] == 5.0  # a sample with a timestamp
     assert not any(key.startswith("#") for key in metrics)
+
+
+def test_return_calibration_is_a_histogram_of_each_error() -> None:
+    """Each branch return's |log2(actual / predicted)| reaches /metrics as one
+    observation of a histogram (a sum alone hides the spread), however the
+    engine's reports were merged on the way."""
+    import functools
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from server_ext._vllm import AgentHintsPromMetrics, AgentHintsStats
+
+    registry = CollectorRegistry()
+    types = {k: functools.partial(k, registry=registry) for k in (Counter, Gauge, Histogram)}
+    config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config={}))
+    metrics = AgentHintsPromMetrics(config, types, ["engine"], {0: ["0"]})  # type: ignore[arg-type]
+    merged = AgentHintsStats({"return_log2_errors": [0.1, 0.7], "predicted_returns": 2})
+    merged.aggregate(AgentHintsStats({"return_log2_errors": [2.5], "predicted_returns": 1}))
+    assert merged.reduce()["predicted_returns_observed"] == 3
+    metrics.observe(merged.data)
+    samples = {(s.name, s.labels.get("le")): s.value for f in registry.collect() for s in f.samples}
+    assert samples["agent_hints_return_log2_error_count", None] == 3
+    assert samples["agent_hints_return_log2_error_sum", None] == pytest.approx(3.3)
+    assert samples["agent_hints_return_log2_error_bucket", "1.0"] == 2
+    assert samples["agent_hints_predicted_returns_total", None] == 3

@@ -7,7 +7,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
@@ -213,6 +213,11 @@ class RetentionPolicy:
             warmups_returned=self._prefetch.returned,
             warmups_wasted=self._prefetch.wasted,
         )
+
+    def take_return_errors(self) -> list[float]:
+        """|log2(actual gap / predicted gap)| of each branch return since the
+        last call: the calibration histogram's observations."""
+        return self._calibration.take_errors()
 
     # Request events.
 
@@ -800,12 +805,25 @@ class _Calibration:
     returns: int = 0
     log2_error_sum: float = 0.0
     within_2x: int = 0
+    errors: list[float] = field(default_factory=list)
+    """Errors not yet taken (``take_errors``), at most ``_MAX_UNTAKEN``."""
 
     def add(self, predicted_s: float, actual_s: float) -> None:
         error = abs(math.log2(max(actual_s, MIN_GAP_S) / max(predicted_s, MIN_GAP_S)))
         self.returns += 1
         self.log2_error_sum += error
         self.within_2x += error <= 1.0
+        if len(self.errors) < _MAX_UNTAKEN:
+            self.errors.append(error)
+
+    def take_errors(self) -> list[float]:
+        """The errors since the last call (for a histogram of them)."""
+        taken, self.errors = self.errors, []
+        return taken
+
+
+_MAX_UNTAKEN = 4096
+"""Calibration errors kept for the metrics between two reports (one per step)."""
 
 
 _ACCURACY_MEMORY = 32.0
