@@ -396,7 +396,7 @@ def test_middleware_owns_a_prefetcher_when_enabled() -> None:
     asyncio.run(main())
 
 
-async def _noop(*args: object) -> None:
+async def _noop(*args: object, **kwargs: object) -> None:
     return None
 
 
