@@ -21,16 +21,9 @@ from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 from hints_spec import AgentHints
 from server_ext._engine import hint_params
 from server_ext.offload import AgentHintsCachePolicy, lower_to_envelope
+from server_ext.testing import ManualClock
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _key(i: int) -> OffloadKey:
@@ -164,7 +157,7 @@ def test_a_branch_end_releases_that_branch_only_a_root_end_the_session() -> None
 
 
 def test_a_ttl_that_passed_without_a_return_releases_the_branch() -> None:
-    clock = Clock()
+    clock = ManualClock()
     policy = AgentHintsCachePolicy(8, clock=clock)
     manager = _manager("AgentHintsCachePolicy", 8)
     manager._policy = policy  # the same class vLLM built, with a clock to turn
@@ -180,7 +173,7 @@ def test_a_ttl_that_passed_without_a_return_releases_the_branch() -> None:
 
 
 def test_a_later_request_renews_the_ttl() -> None:
-    clock = Clock()
+    clock = ManualClock()
     policy = AgentHintsCachePolicy(8, clock=clock)
     manager = _manager("AgentHintsCachePolicy", 8)
     manager._policy = policy

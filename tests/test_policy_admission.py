@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 
 from hints_spec import AgentHints
@@ -14,12 +12,12 @@ from server_ext.policy import (
     AdmissionTrial,
     BranchHints,
     BranchKey,
-    Payoff,
     PolicyConfig,
     RetentionPolicy,
     StepTimer,
     WarmFirstGate,
 )
+from server_ext.testing import FakeBlockPool, ManualClock
 
 
 def due(within_s: float) -> bool:
@@ -88,33 +86,16 @@ def test_zero_disables_and_bad_bounds_are_rejected() -> None:
         AdmissionConfig(max_defer_s=-1.0)
 
 
-class _Pool:
-    """A pool with ``free`` unreferenced blocks (holds and releases are not modelled)."""
-
-    releases_for_room = True  # a HoldPort's
-
-    def __init__(self, free: int = 0) -> None:
-        self.free = free
-        self.payoff: Payoff | None = None
-
-    def hold(self, block_ids: Sequence[int]) -> None: ...
-
-    def release(self, block_ids: Sequence[int], evict_first: bool = False) -> None: ...
-
-    def free_blocks(self) -> int:
-        return self.free
-
-
 def test_the_engine_estimates_a_returning_branch_from_its_retained_blocks() -> None:
-    now = [0.0]
-    policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), lambda: now[0])
-    engine = EngineRetention(policy, _Pool(), gate(), clock=lambda: now[0])
+    clock = ManualClock()
+    policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), clock)
+    engine = EngineRetention(policy, FakeBlockPool(), gate(), clock=clock)
     warm = hint_params("t", AgentHints(sid="warm", gap=1.0))
     assert engine.request_added("w1", warm, prompt_blocks=10)
     engine.request_scheduled("w1")
     engine.request_finished("w1", list(range(10)))  # 10 blocks retained
     assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=90)
-    now[0] = 1.0
+    clock.now = 1.0
     assert engine.request_added("w2", warm, prompt_blocks=12)  # ~2 blocks to compute
     assert engine.defers("c1", 90)
     assert not engine.defers("w2", 2)
@@ -147,36 +128,36 @@ def test_the_policy_says_when_a_retained_branch_is_due() -> None:
 
 def engine_with_a_retained_branch(
     timer: StepTimer | None = None,
-) -> tuple[EngineRetention, list[float], float]:
+) -> tuple[EngineRetention, ManualClock, float]:
     """An engine with 90 free blocks and branch "warm" retained (its gate
-    reading ``timer``); the mutable clock; and when that branch is due back."""
-    now = [0.0]
-    policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), lambda: now[0])
-    engine = EngineRetention(policy, _Pool(free=90), gate(timer=timer), clock=lambda: now[0])
+    reading ``timer``); its clock; and when that branch is due back."""
+    clock = ManualClock()
+    policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), clock)
+    engine = EngineRetention(policy, FakeBlockPool(free=90), gate(timer=timer), clock=clock)
     assert engine.request_added("w1", hint_params("t", AgentHints(sid="warm", gap=1.0)), 10)
     engine.request_scheduled("w1")
     engine.request_finished("w1", list(range(10)))
     retained = policy.retention(BranchKey("t", "warm"))
     assert retained is not None
-    return engine, now, retained.expected_return
+    return engine, clock, retained.expected_return
 
 
 def test_a_cold_prefill_waits_for_a_due_branch_while_the_engine_is_busy() -> None:
-    engine, now, due = engine_with_a_retained_branch()
+    engine, clock, due = engine_with_a_retained_branch()
     assert not engine.request_added("busy", None)  # another request runs
     engine.request_scheduled("busy")
     assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
-    now[0] = due
+    clock.now = due
     assert engine.defers("c1", 30)
-    now[0] += 5.0  # the branch did not come back when predicted
+    clock.now += 5.0  # the branch did not come back when predicted
     assert not engine.defers("c1", 30)
 
 
 def test_an_idle_engine_never_waits_for_a_due_branch() -> None:
-    engine, now, due = engine_with_a_retained_branch()
+    engine, clock, due = engine_with_a_retained_branch()
     assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
     assert not engine.request_added("queued", None)  # waiting, not running: still idle
-    now[0] = due
+    clock.now = due
     assert not engine.defers("c1", 30)  # nothing runs: waiting would only idle the engine
     engine.request_scheduled("queued")
     assert engine.defers("c1", 30)
@@ -255,14 +236,14 @@ def test_the_engine_times_its_steps_for_the_gate(seconds_per_step: float, held: 
     that takes 1 s per 1,000 tokens (the prefill: ~0.5 s), not on one 1,000
     times faster (~0.5 ms: the branch is not coming back within it)."""
     timer = StepTimer()
-    engine, now, due = engine_with_a_retained_branch(timer)
+    engine, clock, due = engine_with_a_retained_branch(timer)
     assert not engine.request_added("busy", None)
     engine.request_scheduled("busy")
     timer.step(due - 1.0, {"busy": 1000})
-    now[0] = due - 1.0 + seconds_per_step
-    timer.step(now[0], {"busy": 1000})
+    clock.now = due - 1.0 + seconds_per_step
+    timer.step(clock.now, {"busy": 1000})
     assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
-    now[0] = due + 0.1
+    clock.now = due + 0.1
     assert engine.defers("c1", 30) is held
 
 
@@ -302,13 +283,13 @@ def test_a_prefill_that_fits_one_step_is_never_held_back() -> None:
 
 
 def test_the_engine_reports_each_requests_wait_for_its_first_token_to_its_side() -> None:
-    now = [0.0]
+    clock = ManualClock()
     trial = AdmissionTrial(fixed_share=1.0)
     e = EngineRetention(
-        RetentionPolicy(PolicyConfig(total_blocks=100), clock=lambda: now[0]),
-        _Pool(),
+        RetentionPolicy(PolicyConfig(total_blocks=100), clock=clock),
+        FakeBlockPool(),
         WarmFirstGate(trial=trial),
-        clock=lambda: now[0],
+        clock=clock,
     )
 
     class Progress:
@@ -318,11 +299,11 @@ def test_the_engine_reports_each_requests_wait_for_its_first_token_to_its_side()
     progress = Progress()
     assert not e.request_added("plain", None, 2, progress)  # unhinted requests count too
     e.request_scheduled("plain")
-    now[0] = 0.25
+    clock.now = 0.25
     e.step_scheduled({"plain": 60})  # prefill not done yet
     assert trial.mean_wait_s(True) is None
     progress.num_computed_tokens = 60
-    now[0] = 0.5
+    clock.now = 0.5
     e.step_scheduled({"plain": 40})
     assert trial.mean_wait_s(True) == pytest.approx(0.5)
     e.step_scheduled({"plain": 1})  # a decode: counted once

@@ -23,6 +23,7 @@ from server_ext.policy import (
     ToolEndEvent,
     ToolStartEvent,
 )
+from server_ext.testing import ManualClock
 
 ROOT_A = BranchKey("A", "s1")
 BLOCKS = (1, 2, 3, 4)
@@ -266,12 +267,12 @@ def test_tool_end_means_coming_back_now() -> None:
 
 
 def test_expire_uses_the_injected_clock() -> None:
-    now = [0.0]
-    p = RetentionPolicy(PolicyConfig(total_blocks=100), clock=lambda: now[0])
+    clock = ManualClock()
+    p = RetentionPolicy(PolicyConfig(total_blocks=100), clock=clock)
     p.on_request_finished(ROOT_A, BLOCKS, BranchHints(ttl=10), True)
-    now[0] = 9.0
+    clock.now = 9.0
     assert p.expire() == []
-    now[0] = 10.0
+    clock.now = 10.0
     assert p.expire() == [Release(ROOT_A, BLOCKS, ReleaseReason.EXPIRED)]
     assert p.stats.expiries == 1 and p.held_blocks == 0
 

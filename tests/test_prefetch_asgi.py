@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,62 +16,39 @@ from server_ext.__main__ import main as serve_main
 from server_ext._engine import PREFETCH_KEY, hint_params
 from server_ext._prefetch import EARLY_RETURNS, PREFETCHES, Branch, Prefetcher
 from server_ext.policy import BranchKey, PrefetchPlanner
+from server_ext.testing import FakeDownstream, ManualClock, Received
 
 Message = dict[str, Any]
 KEY = BranchKey("default", "s1", "root")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Downstream:
-    """Records every request; real requests can be held open with ``gate``
-    (before any response) and ``tail_gate`` (after the first body chunk, as
-    while a stream decodes), warm-ups with ``warm_gate``; counts requests
-    cancelled while held."""
+class Downstream(FakeDownstream):
+    """Holds real requests at ``gate`` (before any response) and ``tail_gate``
+    (after the first body chunk, as while a stream decodes), warm-ups at
+    ``warm_gate``."""
 
     def __init__(self) -> None:
-        self.requests: list[tuple[str, dict[str, Any], dict[bytes, bytes]]] = []
+        super().__init__(
+            chunks=[b'{"usage":{"prompt_tokens":300}}'], hold=self._hold, tail=self._tail
+        )
         self.gate: asyncio.Event | None = None
         self.warm_gate: asyncio.Event | None = None
         self.tail_gate: asyncio.Event | None = None
-        self.aborted = 0
 
-    async def __call__(
-        self, scope: dict[str, Any], receive: Callable[[], Awaitable[Message]], send: Any
-    ) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        payload = json.loads(body)
-        headers = dict(scope["headers"])
-        assert headers[b"content-length"] == str(len(body)).encode()
-        self.requests.append((scope["path"], payload, headers))
-        warmup = payload.get("kv_transfer_params", {}).get(PREFETCH_KEY)
-        gate = self.warm_gate if warmup else self.gate
-        if gate is not None:
-            try:
-                await gate.wait()
-            except asyncio.CancelledError:
-                self.aborted += 1
-                raise
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        if self.tail_gate is not None and not warmup:
-            await send({"type": "http.response.body", "body": b"", "more_body": True})
-            await self.tail_gate.wait()
-        await send({"type": "http.response.body", "body": b'{"usage":{"prompt_tokens":300}}'})
+    def _hold(self, received: Received) -> asyncio.Event | None:
+        assert b"content-length" in received.headers
+        return self.warm_gate if _warmup(received) else self.gate
+
+    def _tail(self, received: Received) -> asyncio.Event | None:
+        return None if _warmup(received) else self.tail_gate
 
     @property
     def warmups(self) -> list[dict[str, Any]]:
-        return [p for _, p, _ in self.requests if p["kv_transfer_params"].get(PREFETCH_KEY)]
+        return [r.json() for r in self.requests if _warmup(r)]
+
+
+def _warmup(received: Received) -> bool:
+    return bool(received.json().get("kv_transfer_params", {}).get(PREFETCH_KEY))
 
 
 def counts() -> dict[str, float]:
@@ -123,11 +100,11 @@ async def request(
 
 
 def run(
-    test: Callable[[Prefetcher, Downstream, Clock], Coroutine[Any, Any, None]],
+    test: Callable[[Prefetcher, Downstream, ManualClock], Coroutine[Any, Any, None]],
     timeout_s: float = 60.0,
 ) -> None:
     async def main() -> None:
-        clock = Clock()
+        clock = ManualClock()
         app = Downstream()
         planner = PrefetchPlanner(clock=clock, margin_s=0.5, seconds_per_token=0.001)
         prefetcher = Prefetcher(  # tests call step()
@@ -145,7 +122,7 @@ BRANCH = Branch(KEY, 10.0, False)
 
 
 def test_warmup_replays_the_last_request_as_one_token() -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         before = counts()
         body = lowered(
             stream=True, stream_options={"include_usage": True}, min_tokens=5, request_id="r1"
@@ -156,7 +133,9 @@ def test_warmup_replays_the_last_request_as_one_token() -> None:
         assert app.warmups == []
         clock.now = 9.3
         await p.step()
-        [(_, first, _), (path, warm, headers)] = app.requests
+        [first_request, warm_request] = app.requests
+        first, warm = first_request.json(), warm_request.json()
+        path, headers = warm_request.path, warm_request.headers
         assert path == "/v1/completions" and headers[b"authorization"] == b"Bearer k"
         assert b"x-request-id" not in headers  # vLLM would reuse it as the request id
         assert warm["max_tokens"] == 1 and warm["stream"] is False
@@ -182,7 +161,7 @@ def test_warmup_replays_the_last_request_as_one_token() -> None:
     ],
 )
 def test_output_limit_field_per_endpoint(path: str, extra: dict[str, object], field: str) -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         body = json.loads(lowered(**extra))
         del body["max_tokens"]
         await request(p, json.dumps(body).encode(), BRANCH, path)
@@ -196,7 +175,7 @@ def test_output_limit_field_per_endpoint(path: str, extra: dict[str, object], fi
 
 
 def test_no_warmup_while_a_real_request_prefills_but_beside_its_decode() -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         await request(p, lowered(), BRANCH)
         app.gate, app.tail_gate = asyncio.Event(), asyncio.Event()
         other = asyncio.create_task(request(p, lowered(), None))  # unhinted, still work
@@ -220,7 +199,7 @@ def test_no_warmup_while_a_real_request_prefills_but_beside_its_decode() -> None
 
 @pytest.mark.parametrize("how", ["returns", "ends"])
 def test_a_running_warmup_is_cancelled_when_its_branch_returns_or_ends(how: str) -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         before = counts()
         await request(p, lowered(), BRANCH)
         clock.now = 1.0
@@ -238,28 +217,28 @@ def test_a_running_warmup_is_cancelled_when_its_branch_returns_or_ends(how: str)
             p.control(KEY.tenant, KEY.sid, [End(type="end")])
         await asyncio.wait_for(step, 1.0)
         await asyncio.sleep(0)
-        assert app.aborted == 1
+        assert app.cancelled == 1
         assert delta(before) == {"issued": 1, "cancelled": 1}
 
     run(scenario)
 
 
 def test_a_warmup_past_its_timeout_is_aborted_and_counted_failed() -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         before = counts()
         await request(p, lowered(), BRANCH)
         app.warm_gate = asyncio.Event()  # never admitted
         clock.now = 9.5
         await asyncio.wait_for(p.step(), 1.0)
         await asyncio.sleep(0)
-        assert app.aborted == 1
+        assert app.cancelled == 1
         assert delta(before) == {"issued": 1, "failed": 1}
 
     run(scenario, timeout_s=0.05)
 
 
 def test_return_cancels_a_pending_warmup() -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         before = counts()
         await request(p, lowered(), BRANCH)
         clock.now = 3.0
@@ -284,7 +263,7 @@ def test_return_cancels_a_pending_warmup() -> None:
 
 
 def test_end_cancels_by_hint_and_by_control_event() -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         await request(p, lowered(), BRANCH)
         p.control(KEY.tenant, KEY.sid, [End(type="end")])
         other = BranchKey(KEY.tenant, "s2")
@@ -299,7 +278,7 @@ def test_end_cancels_by_hint_and_by_control_event() -> None:
 
 
 def test_tool_start_eta_moves_the_warmup_and_late_ones_are_skipped() -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         before = counts()
         await request(p, lowered(), BRANCH)
         p.control(KEY.tenant, KEY.sid, [ToolStart(type="tool_start", tool="build", eta=60)])
@@ -322,7 +301,7 @@ def test_tool_start_eta_moves_the_warmup_and_late_ones_are_skipped() -> None:
 
 
 def test_a_wait_on_the_user_is_not_warmed() -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         await request(p, lowered(), BRANCH)
         p.control(KEY.tenant, KEY.sid, [ToolStart(type="tool_start", tool=USER_TOOL, eta=60)])
         for clock.now in (30.0, 59.5, 61.0):
@@ -334,7 +313,7 @@ def test_a_wait_on_the_user_is_not_warmed() -> None:
 
 
 def test_failed_requests_and_unhinted_bodies_plan_nothing() -> None:
-    async def scenario(p: Prefetcher, app: Downstream, clock: Clock) -> None:
+    async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         await request(p, b'{"model": "m", "prompt": "x"}', None)
         assert p.planner.stats.tracked == 0
 

@@ -20,46 +20,21 @@ from server_ext._engine import (
 from server_ext.policy import (
     AdmissionTrial,
     BranchKey,
-    Payoff,
     PolicyConfig,
     Release,
     ReleaseReason,
     RetentionPolicy,
     WarmFirstGate,
 )
+from server_ext.testing import FakeBlockPool, ManualClock
 
 KEY = BranchKey("t", "s")
 HINTS = AgentHints(sid="s", gap=10.0)
 
 
-class Pool:
-    releases_for_room = True  # a HoldPort's
-
-    def __init__(self) -> None:
-        self.refs: Counter[int] = Counter()
-        self.free = 0
-        self.payoff: Payoff | None = None
-
-    def hold(self, block_ids: Sequence[int]) -> None:
-        self.refs.update(block_ids)
-
-    def release(self, block_ids: Sequence[int], evict_first: bool = False) -> None:
-        self.refs.subtract(block_ids)
-
-    def free_blocks(self) -> int:
-        return self.free
-
-
-class Clock:
-    now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def engine(gate: WarmFirstGate | None = None) -> tuple[EngineRetention, Pool, Clock]:
-    clock = Clock()
-    pool = Pool()
+def engine(gate: WarmFirstGate | None = None) -> tuple[EngineRetention, FakeBlockPool, ManualClock]:
+    clock = ManualClock()
+    pool = FakeBlockPool()
     policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), clock=clock)
     return EngineRetention(policy, pool, gate, clock=clock), pool, clock
 
@@ -365,7 +340,7 @@ def test_a_warmup_whose_branch_is_not_expected_takes_no_room() -> None:
     assert pool.refs[30] == 1 and e.stats.held_blocks == 3
 
 
-def warm_sessions(e: EngineRetention, clock: Clock, count: int, pay: bool) -> None:
+def warm_sessions(e: EngineRetention, clock: ManualClock, count: int, pay: bool) -> None:
     """``count`` new sessions, each warmed while away, then back while the
     warmed retention is held (``pay``) or ended first."""
     for i in range(count):
@@ -429,9 +404,9 @@ def test_wasted_warmups_lose_the_right_to_evict_and_free_blocks_win_it_back() ->
 
 
 def test_warmups_always_take_room_at_a_minimum_accuracy_of_zero() -> None:
-    clock = Clock()
+    clock = ManualClock()
     config = PolicyConfig(total_blocks=100, max_held_fraction=1.0, prefetch_min_accuracy=0.0)
-    e = EngineRetention(RetentionPolicy(config, clock=clock), Pool(), None, clock=clock)
+    e = EngineRetention(RetentionPolicy(config, clock=clock), FakeBlockPool(), None, clock=clock)
     run(e, "r1", [1, 2, 3])
     e.make_room(3)
     assert e.request_added("late", other_params("late", 600.0))

@@ -5,22 +5,15 @@ from __future__ import annotations
 import pytest
 
 from server_ext.policy import BranchKey, GapEstimator, PrefetchPlanner
+from server_ext.testing import ManualClock
 
 A = BranchKey("t", "s", "root")
 B = BranchKey("t", "s", "b")
 C = BranchKey("t", "other", "root")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def planner(**kw: object) -> tuple[PrefetchPlanner, Clock]:
-    clock = Clock()
+def planner(**kw: object) -> tuple[PrefetchPlanner, ManualClock]:
+    clock = ManualClock()
     return PrefetchPlanner(clock=clock, margin_s=0.5, seconds_per_token=0.001, **kw), clock  # type: ignore[arg-type]
 
 

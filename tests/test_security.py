@@ -55,6 +55,7 @@ from server_ext.policy import (
     Release,
     RetentionPolicy,
 )
+from server_ext.testing import FakeDownstream
 from server_ext.tier import (
     TIER_SECRET_ENV,
     BlockCodec,
@@ -548,11 +549,9 @@ def test_several_agent_hints_lines_are_combined() -> None:
 
 def test_one_tenant_cannot_flush_another_tenants_warmups() -> None:
     async def main() -> list[BranchKey]:
-        async def app(scope: Any, receive: Any, send: Any) -> None:
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"{}"})
-
-        prefetcher = Prefetcher(app, max_requests=8, tenant_share=0.25, interval_s=3600)
+        prefetcher = Prefetcher(
+            FakeDownstream(), max_requests=8, tenant_share=0.25, interval_s=3600
+        )
 
         async def serve(tenant: str, sid: str) -> None:
             scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}

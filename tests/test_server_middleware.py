@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -14,6 +14,7 @@ import pytest
 from hints_spec import AgentHints
 from server_ext import AgentHintsMiddleware
 from server_ext._middleware import PARSE_ERRORS
+from server_ext.testing import FakeDownstream
 
 Message = dict[str, Any]
 
@@ -46,26 +47,9 @@ Reply = tuple[list[tuple[bytes, bytes]], list[bytes]]
 
 def make_app(
     enabled: bool = True, reply: Reply = ([], [b"{}"]), **extra: object
-) -> tuple[Harness, list[bytes], EngineClient]:
-    seen: list[bytes] = []
-
-    async def downstream(
-        scope: dict[str, Any], receive: Callable[[], Awaitable[Message]], send: Any
-    ) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        assert dict(scope["headers"]).get(b"content-length") in (None, str(len(body)).encode())
-        seen.append(body)
-        headers, chunks = reply
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        for i, chunk in enumerate(chunks):
-            more = i < len(chunks) - 1
-            await send({"type": "http.response.body", "body": chunk, "more_body": more})
-
+) -> tuple[Harness, FakeDownstream, EngineClient]:
+    headers, chunks = reply
+    app = FakeDownstream(headers, chunks)
     engine = EngineClient()
     transfer = SimpleNamespace(
         kv_connector="AgentHintsConnector" if enabled else "OtherConnector",
@@ -74,7 +58,7 @@ def make_app(
     state = SimpleNamespace(
         vllm_config=SimpleNamespace(kv_transfer_config=transfer), engine_client=engine
     )
-    return Harness(AgentHintsMiddleware(downstream), SimpleNamespace(state=state)), seen, engine
+    return Harness(AgentHintsMiddleware(app), SimpleNamespace(state=state)), app, engine
 
 
 def call(
@@ -110,28 +94,28 @@ def completion(**extra: object) -> bytes:
 
 
 def test_unhinted_body_passes_through_byte_for_byte() -> None:
-    harness, seen, _ = make_app(salt_per_tenant=False)
+    harness, app, _ = make_app(salt_per_tenant=False)
     body = b'{"model":"m",  "prompt":"hi"}'
     assert call(harness, "/v1/completions", body)[0] == 200
-    assert seen == [body]
+    assert [r.body for r in app.requests] == [body]
 
 
 def test_an_unhinted_body_is_salted_by_default_without_being_decoded() -> None:
-    harness, seen, _ = make_app()
+    harness, app, _ = make_app()
     body = b'{"model":"m",  "prompt":"hi"}'
     assert call(harness, "/v1/completions", body)[0] == 200
-    assert seen == [b'{"cache_salt": "default",' + body[1:]]
+    assert [r.body for r in app.requests] == [b'{"cache_salt": "default",' + body[1:]]
 
 
 def test_header_hint_is_lowered_into_session_id_and_transfer_params() -> None:
-    harness, seen, _ = make_app()
+    harness, app, _ = make_app()
     call(
         harness,
         "/v1/completions",
         completion(),
         {"Agent-Hints": 'v=1, sid="s1", br="a", gap=2.5'},
     )
-    forwarded = json.loads(seen[0])
+    forwarded = app.requests[0].json()
     assert forwarded["session_id"] == "s1"
     transfer = forwarded["kv_transfer_params"]
     assert transfer["agent_hints_tenant"] == "default"
@@ -147,9 +131,9 @@ def test_header_hint_is_lowered_into_session_id_and_transfer_params() -> None:
 def test_a_body_hinted_only_by_headers_is_spliced_not_re_encoded(body: bytes) -> None:
     # Decoding and re-encoding a long prompt would block the event loop for
     # milliseconds: its bytes must reach vLLM as they came, new fields in front.
-    harness, seen, _ = make_app(salt_per_tenant=True)
+    harness, app, _ = make_app(salt_per_tenant=True)
     call(harness, "/v1/completions", body, {"Agent-Hints": 'v=1, sid="s1", gap=2'})
-    forwarded = seen[0]
+    forwarded = app.requests[0].body
     assert forwarded.endswith(body[body.index(b"{") + 1 :])
     added = {
         "cache_salt": "default",
@@ -163,42 +147,42 @@ def test_a_body_hinted_only_by_headers_is_spliced_not_re_encoded(body: bytes) ->
 
 
 def test_a_body_with_its_own_transfer_params_is_merged_not_spliced() -> None:
-    harness, seen, _ = make_app()
+    harness, app, _ = make_app()
     body = completion(kv_transfer_params={"other": 1})
     call(harness, "/v1/completions", body, {"Agent-Hints": 'v=1, sid="s1"'})
-    forwarded = json.loads(seen[0])
+    forwarded = app.requests[0].json()
     assert forwarded["kv_transfer_params"]["other"] == 1
     assert forwarded["kv_transfer_params"]["agent_hints"]["sid"] == "s1"
     assert list(forwarded).count("kv_transfer_params") == 1
 
 
 def test_a_malformed_body_is_left_for_vllm_to_refuse() -> None:
-    harness, seen, _ = make_app()
+    harness, app, _ = make_app()
     status, _ = call(harness, "/v1/completions", b'{"prompt": [1, 2', {"Agent-Hints": 'sid="s"'})
     assert status == 200  # the recording app's answer: the middleware raised nothing
     with pytest.raises(ValueError):
-        json.loads(seen[0])
+        app.requests[0].json()
 
 
 def test_body_form_is_removed_from_the_body_and_lowered() -> None:
-    harness, seen, _ = make_app()
+    harness, app, _ = make_app()
     call(harness, "/v1/chat/completions", completion(agent_hints={"sid": "s2", "end": True}))
-    forwarded = json.loads(seen[0])
+    forwarded = app.requests[0].json()
     assert "agent_hints" not in forwarded
     assert forwarded["kv_transfer_params"]["agent_hints"]["end"] is True
 
 
 def test_malformed_header_is_counted_and_the_request_served_without_hints() -> None:
-    harness, seen, _ = make_app()
+    harness, app, _ = make_app()
     before = PARSE_ERRORS.labels("header", "wrong_type")._value.get()
     status, _ = call(harness, "/v1/completions", completion(), {"Agent-Hints": "v=1, sid=token"})
     assert status == 200
-    assert "kv_transfer_params" not in json.loads(seen[0])
+    assert "kv_transfer_params" not in app.requests[0].json()
     assert PARSE_ERRORS.labels("header", "wrong_type")._value.get() == before + 1
 
 
 def test_reserved_transfer_keys_are_stripped_on_every_route() -> None:
-    harness, seen, _ = make_app()
+    harness, app, _ = make_app()
     forged = {
         "agent_hints_control": {"tenant": "x"},
         "agent_hints": {"sid": "s"},
@@ -211,7 +195,7 @@ def test_reserved_transfer_keys_are_stripped_on_every_route() -> None:
         "/v1/embeddings",
         json.dumps({"input": "x", "kv_transfer_params": forged}).encode(),
     )
-    assert json.loads(seen[0])["kv_transfer_params"] == {"other": 1}
+    assert app.requests[0].json()["kv_transfer_params"] == {"other": 1}
 
 
 @pytest.mark.parametrize(
@@ -226,37 +210,37 @@ def test_reserved_transfer_keys_are_stripped_on_every_route() -> None:
 def test_reserved_keys_cannot_be_smuggled_past_the_byte_scan(
     encode: Callable[[str], bytes],
 ) -> None:
-    harness, seen, _ = make_app()
+    harness, app, _ = make_app()
     forged = {"agent_hints_control": {"tenant": "key:victim"}, "agent_hints_tenant": "key:v"}
     body = encode(json.dumps({"model": "m", "prompt": "x", "kv_transfer_params": forged}))
     assert json.loads(body)["kv_transfer_params"] == forged  # what vLLM would read
     call(harness, "/v1/completions", body)
-    assert json.loads(seen[0])["kv_transfer_params"] == {}
+    assert app.requests[0].json()["kv_transfer_params"] == {}
 
 
 def test_salt_per_tenant_salts_every_request() -> None:
-    harness, seen, _ = make_app(salt_per_tenant=True, tenant_header="X-Tenant")
+    harness, app, _ = make_app(salt_per_tenant=True, tenant_header="X-Tenant")
     acme = {"X-Tenant": "acme"}
     call(harness, "/v1/completions", completion(), acme)  # unhinted
     call(harness, "/v1/completions", completion(), {**acme, "Agent-Hints": 'v=1, sid="s"'})
     call(harness, "/v1/completions", completion(cache_salt="mine"), acme)
     call(harness, "/v1/completions", completion())  # the default tenant too
-    salts = [json.loads(b)["cache_salt"] for b in seen]
+    salts = [r.json()["cache_salt"] for r in app.requests]
     tenant = salts[0]
     assert tenant.startswith("gw:") and salts[1] == tenant
     assert salts[2] == f"{tenant}/mine"  # a client's salt only splits its own cache
     assert salts[3] == "default"
     # Another tenant that names acme's salt still gets its own cache.
     call(harness, "/v1/completions", completion(cache_salt=tenant), {"X-Tenant": "evil"})
-    assert json.loads(seen[4])["cache_salt"] != tenant
+    assert app.requests[4].json()["cache_salt"] != tenant
     # Every route is salted: any of them may reach the engine's prefix cache.
     for path in ("/v1/embeddings", "/v1/messages", "/inference/v1/generate", "/invocations"):
         call(harness, path, json.dumps({"input": "x"}).encode(), acme)
-        assert json.loads(seen[-1])["cache_salt"] == tenant
+        assert app.requests[-1].json()["cache_salt"] == tenant
 
 
 def test_tenant_comes_from_the_api_key_or_a_trusted_gateway_header() -> None:
-    harness, seen, _ = make_app(tenant_header="X-Tenant")
+    harness, app, _ = make_app(tenant_header="X-Tenant")
     hint = {"Agent-Hints": 'v=1, sid="s"'}
     call(harness, "/v1/completions", completion(), {**hint, "Authorization": "Bearer k1"})
     call(harness, "/v1/completions", completion(), {**hint, "Authorization": "Bearer k2"})
@@ -266,16 +250,16 @@ def test_tenant_comes_from_the_api_key_or_a_trusted_gateway_header() -> None:
         completion(),
         {**hint, "Authorization": "Bearer k1", "X-Tenant": "acme"},
     )
-    tenants = [json.loads(b)["kv_transfer_params"]["agent_hints_tenant"] for b in seen]
+    tenants = [r.json()["kv_transfer_params"]["agent_hints_tenant"] for r in app.requests]
     assert tenants[0].startswith("key:") and tenants[0] != tenants[1]
     assert tenants[2].startswith("gw:")
     assert "k1" not in "".join(tenants)  # the key itself never reaches the engine
 
 
 def test_without_the_connector_hints_are_not_forwarded() -> None:
-    harness, seen, _ = make_app(enabled=False)
+    harness, app, _ = make_app(enabled=False)
     call(harness, "/v1/completions", completion(), {"Agent-Hints": 'v=1, sid="s"'})
-    assert "kv_transfer_params" not in json.loads(seen[0])
+    assert "kv_transfer_params" not in app.requests[0].json()
     assert call(harness, "/v1/agent-hints/events", b"{}")[0] == 404
 
 
@@ -419,10 +403,10 @@ def test_prompt_cache_retention_is_left_as_vllm_accepts_it(
 ) -> None:
     """vLLM 0.33 refuses any value but ``in_memory`` and ``24h``: the rest became
     the hint's ttl (or was ignored as malformed) and leaves the body."""
-    harness, seen, _ = make_app()
+    harness, app, _ = make_app()
     body = completion(prompt_cache_key="s1", prompt_cache_retention=given)
     assert call(harness, "/v1/responses", body)[0] == 200
-    sent = json.loads(seen[0])
+    sent = app.requests[0].json()
     assert sent.get("prompt_cache_retention") == forwarded
     if given == "12h":
         assert sent["kv_transfer_params"]["agent_hints"]["ttl"] == 12 * 3600

@@ -11,6 +11,7 @@ import pytest
 import torch
 from tier_fakes import MemoryTier
 
+from server_ext.testing import ManualClock
 from server_ext.tier import (
     TIER_SECRET_ENV,
     BlockCodec,
@@ -29,14 +30,6 @@ from server_ext.tier import (
     kv_role,
     shard_key,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def blob(seed: int, n: int = 100) -> torch.Tensor:
@@ -65,7 +58,7 @@ def test_leading_counts_leading_keys_only() -> None:
 
 
 def test_soft_pins_are_evicted_last_and_expire() -> None:
-    clock = Clock()
+    clock = ManualClock()
     index = KeyIndex(200, clock)
     index.add("pinned", 100, pin_s=60)
     index.add("plain", 100)
@@ -339,7 +332,7 @@ def test_a_corrupted_value_is_a_failed_load_never_corrupt_kv() -> None:
 
 
 def test_worker_reports_the_step_time_its_transfers_took() -> None:
-    clock = Clock()
+    clock = ManualClock()
 
     class SlowTier(MemoryTier):
         def put(self, key: str, value: torch.Tensor, pin_s: float = 0.0) -> bool:
@@ -393,7 +386,7 @@ class BrokenTier:
 
 
 def test_guard_turns_failures_and_hangs_into_misses() -> None:
-    clock = Clock()
+    clock = ManualClock()
     broken = BrokenTier()
     tier: KVTier = GuardedTier(lambda: broken, timeout_s=0.5, cooldown_s=10, clock=clock)
     assert tier.get("k") is None
@@ -411,7 +404,7 @@ def test_guard_turns_failures_and_hangs_into_misses() -> None:
 
 
 def test_factory_failure_is_contained_and_retried() -> None:
-    clock = Clock()
+    clock = ManualClock()
     attempts: list[int] = []
 
     def factory() -> KVTier:
