@@ -15,7 +15,7 @@ from ._config import (
     ToolChoice,
 )
 from ._context import RunContext
-from ._control import ControlChannel
+from ._control import ControlChannel, ControlSender
 from ._errors import (
     AgentsError,
     ForkDepthExceeded,
@@ -74,6 +74,7 @@ __all__ = [
     "AgentsError",
     "ControlChannel",
     "ControlRecord",
+    "ControlSender",
     "ForkDepthExceeded",
     "ForkEvent",
     "HintArgumentError",

@@ -44,6 +44,7 @@ from hints_spec import (
 from ._agent import Agent, AgentTool
 from ._config import RunConfig
 from ._context import RunContext
+from ._control import ControlSender
 from ._errors import (
     ForkDepthExceeded,
     MaxTurnsExceeded,
@@ -63,7 +64,7 @@ from ._items import (
     input_messages,
 )
 from ._latency import LatencyEstimator
-from ._model import ControlSender, ModelClient, create_completion
+from ._model import ModelClient, create_completion
 from ._result import RunResult
 from ._scope import hint_scope
 from ._session import Session
@@ -141,6 +142,7 @@ class RunEnv:
     client: ModelClient
     config: RunConfig
     emit: Callable[[StreamEvent], Awaitable[None]]
+    session_id: str
     control: ControlSender | None
     estimator: LatencyEstimator
     tracer: Tracer
@@ -170,7 +172,12 @@ class RunEnv:
 
     def submit(self, events: Sequence[ControlEvent]) -> None:
         if self.control is not None:
-            self.control.submit(events)
+            self.control.submit(self.session_id, events)
+
+    async def delivered(self) -> None:
+        """Wait until the events submitted so far are posted (each POST is bounded)."""
+        if self.control is not None:
+            await self.control.flush()
 
 
 @dataclass(frozen=True, eq=False)
@@ -233,6 +240,7 @@ async def spawn(
             for i in range(0, len(branches), MAX_CHILDREN)
         ]
     )
+    await env.delivered()  # the server learns of the fork before the children's requests
     forker = parent.tool_call.name if parent.tool_call is not None and not recursive else None
     results: list[RunResult | None] = [None] * len(children)
     errors: list[Exception] = []

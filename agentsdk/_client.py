@@ -28,7 +28,7 @@ from hints_spec import HEADER_NAME, SESSION_HEADER, AgentHints, serialize_header
 from ._errors import NoSessionWarning
 from ._scope import active_scope, note_sent
 
-__all__ = ["HintedAsyncOpenAI", "HintedOpenAI", "has_header", "hint_headers"]
+__all__ = ["HintedAsyncOpenAI", "HintedOpenAI", "has_header", "hint_headers", "sync_twin"]
 
 _CACHE_KEY = "prompt_cache_key"
 # Endpoints whose request body has a typed ``prompt_cache_key`` (chat completions, responses);
@@ -56,6 +56,23 @@ def hint_headers(hints: AgentHints) -> dict[str, str]:
     if hints.sid is not None:
         headers[SESSION_HEADER] = hints.sid
     return headers
+
+
+def sync_twin(client: AsyncOpenAI) -> OpenAI:
+    """A sync client with ``client``'s settings (hinted if it is): for code that has to
+    reach the same server without an event loop (LangChain's sync calls, control events
+    submitted from threads). It has a connection pool of its own."""
+    kind = HintedOpenAI if isinstance(client, HintedAsyncOpenAI) else OpenAI
+    return kind(
+        api_key=client.api_key,
+        organization=client.organization,
+        project=client.project,
+        base_url=client.base_url,
+        timeout=client.timeout,
+        max_retries=client.max_retries,
+        default_headers=client._custom_headers,
+        default_query=client._custom_query,
+    )
 
 
 def _with_hints(

@@ -1,39 +1,47 @@
-"""Best-effort sender of control events (tool_start with ETA, tool_end, fork, end).
+"""Best-effort, ordered sender of control events (tool_start with ETA, tool_end, fork, end).
 
 Control events only improve the server's cache retention: losing one costs some cache hits,
 while raising or stalling would cost the agent its turn. So every failure becomes ``None``, each
 POST is a single attempt with a short timeout, and a server without the endpoint (404/405) is not
 asked again by that client. The POST goes through the openai client itself, so it shares the
 connection pool, auth (API key, provider, workload identity) and default headers, and it
-carries the W3C ``traceparent`` of the span current when it is sent.
+carries the W3C ``traceparent`` of the span current when it is sent. A channel's
+``ControlSender`` keeps the events in the order they were submitted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import weakref
+from collections import deque
 from collections.abc import Sequence
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import anyio.to_thread
 import httpx2
 from openai import APIStatusError, AsyncOpenAI, OpenAI
 from openai._types import RequestOptions
+from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from hints_spec import (
     CONTROL_PATH,
+    MAX_EVENTS,
     PROTOCOL_VERSION,
     SESSION_HEADER,
     ControlEvent,
     ControlResponse,
 )
 
-from ._client import has_header
+from ._client import has_header, sync_twin
 from ._errors import UserError
 
-__all__ = ["CONTROL_TIMEOUT", "ControlChannel"]
+__all__ = ["CONTROL_TIMEOUT", "ControlChannel", "ControlSender", "ControlSink"]
 
 _log = logging.getLogger(__name__)
 
@@ -62,13 +70,159 @@ def _request_body(sid: str, events: Sequence[ControlEvent]) -> dict[str, object]
     }
 
 
+@runtime_checkable
+class ControlSink(Protocol):
+    """Where a ``ControlSender`` posts: a ``ControlChannel``, or a test double that records."""
+
+    async def send(self, sid: str, events: Sequence[ControlEvent]) -> object: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    sid: str
+    event: ControlEvent
+    trace: otel_context.Context
+
+
+class ControlSender:
+    """Delivers control events in the order they were submitted, never making the caller wait.
+
+    One per control channel: the runner and every adapter submit through it. ``submit``
+    only queues (from any thread, with or without an event loop), with the trace context
+    current at that moment, so each POST carries the ``traceparent`` of the span that
+    caused its events. One worker at a time posts the queue in order (a ``tool_end``
+    overtaking its ``tool_start`` would mislead the server): a task on the submitting
+    thread's event loop, or a daemon thread where there is none. Whatever queued up during
+    a POST goes in the next, merged up to the protocol's 64 events while the events share
+    a session and a trace context. A worker cancelled with its loop hands what is left to
+    a thread, so a cancelled run's last events (its end, or the wait on its user), the ones
+    the server most needs, still go out. ``flush`` / ``flush_sync`` wait until what was
+    submitted before them is posted (or dropped: every POST is bounded by the channel's
+    timeout).
+    """
+
+    def __init__(self, sink: ControlSink) -> None:
+        self._sink = sink
+        self._lock = threading.Condition()
+        self._queue: deque[_Queued] = deque()
+        self._submitted = 0  # events ever queued
+        self._done = 0  # events posted or given up
+        self._working = False
+        self._task: asyncio.Task[None] | None = None
+        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def submit(
+        self, sid: str, events: Sequence[ControlEvent], trace: otel_context.Context | None = None
+    ) -> None:
+        """Queue ``events`` for session ``sid``, sent with ``trace`` (default: the current
+        trace context)."""
+        trace = trace if trace is not None else otel_context.get_current()
+        with self._lock:
+            self._queue.extend(_Queued(sid, event, trace) for event in events)
+            self._submitted += len(events)
+            if self._working or not self._queue:
+                return
+            self._working = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop in this thread
+            self._start_thread()
+        else:
+            self._task = loop.create_task(self._work_async())  # held: not collected mid-POST
+
+    async def flush(self) -> None:
+        """Wait until every event submitted so far is posted (or given up)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._done >= self._submitted:
+                return
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((self._submitted, loop, future))
+        await future
+
+    def flush_sync(self, timeout: float | None = None) -> bool:
+        """``flush`` for code without an event loop; False if ``timeout`` ran out first."""
+        with self._lock:
+            mark = self._submitted
+            return self._lock.wait_for(lambda: self._done >= mark, timeout)
+
+    def _start_thread(self) -> None:
+        threading.Thread(target=self._work_thread, name="agent-hints-control", daemon=True).start()
+
+    def _next_batch(self) -> list[_Queued]:
+        """The next POST's events (empty: the queue is done and the worker stops)."""
+        with self._lock:
+            if not self._queue:
+                self._working = False
+                return []
+            batch = [self._queue.popleft()]
+            while self._queue and len(batch) < MAX_EVENTS:
+                following = self._queue[0]
+                if following.sid != batch[0].sid or following.trace is not batch[0].trace:
+                    break
+                batch.append(self._queue.popleft())
+            return batch
+
+    def _finished(self, count: int) -> None:
+        with self._lock:
+            self._done += count
+            ready = [w for w in self._waiters if w[0] <= self._done]
+            self._waiters = [w for w in self._waiters if w[0] > self._done]
+            self._lock.notify_all()
+        for _, loop, future in ready:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, future)
+
+    async def _work_async(self) -> None:
+        batch: list[_Queued] = []
+        try:
+            while batch := self._next_batch():
+                token = otel_context.attach(batch[0].trace)
+                try:
+                    await self._sink.send(batch[0].sid, [queued.event for queued in batch])
+                except Exception as err:  # never into the agent: see the module docstring
+                    _log.debug("control events not delivered: %r", err)
+                finally:
+                    otel_context.detach(token)
+                self._finished(len(batch))
+        except BaseException:  # cancelled with its loop: a thread posts the rest
+            with self._lock:
+                self._queue.extendleft(reversed(batch))
+            self._start_thread()
+            raise
+
+    def _work_thread(self) -> None:
+        send_sync = getattr(self._sink, "send_sync", None)
+        while batch := self._next_batch():
+            token = otel_context.attach(batch[0].trace)
+            try:
+                events = [queued.event for queued in batch]
+                if send_sync is not None:
+                    send_sync(batch[0].sid, events)
+                else:  # a sink with only ``send`` (a test double)
+                    asyncio.run(self._sink.send(batch[0].sid, events))
+            except Exception as err:  # never into the agent: see the module docstring
+                _log.debug("control events not delivered: %r", err)
+            finally:
+                otel_context.detach(token)
+            self._finished(len(batch))
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class ControlChannel(Generic[_ClientT]):
     """Sends SPEC control events for sessions served through ``client``.
 
-    ``send`` works with either client (a sync client's POST runs in a worker thread);
-    ``send_sync`` needs a sync client; ``submit`` schedules ``send`` on the running asyncio
-    loop without awaiting it. None of them raises on network or server errors: they return
-    ``None``.
+    ``submit`` queues events on the channel's ``ControlSender`` and returns at once (from
+    any thread, with or without a running loop); they are posted in submission order, and
+    ``flush`` / ``flush_sync`` wait for them. ``send`` (either client; a sync client's POST
+    runs in a worker thread) and ``send_sync`` (either client; an async one's through a
+    sync twin sharing its settings) post one batch now. None of them raises on network or
+    server errors: they return ``None``. As a context manager (``with`` or ``async
+    with``) the channel flushes on exit.
     """
 
     def __init__(self, client: _ClientT, *, timeout: float = CONTROL_TIMEOUT) -> None:
@@ -84,7 +238,8 @@ class ControlChannel(Generic[_ClientT]):
         self._options: RequestOptions = {"timeout": timeout, "max_retries": 0}
         # A client whose own headers route by another value posts its events the same way.
         self._routes_itself = has_header(client.default_headers, SESSION_HEADER)
-        self._pending: set[asyncio.Task[ControlResponse | None]] = set()
+        self._twin: OpenAI | None = None  # an async client's, for posts without a loop
+        self.sender = ControlSender(self)
 
     @property
     def url(self) -> str:
@@ -95,14 +250,14 @@ class ControlChannel(Generic[_ClientT]):
         """False once the server answered that it has no control endpoint."""
         return self._client not in _unsupported
 
-    def send_sync(
-        self: ControlChannel[OpenAI], sid: str, events: Sequence[ControlEvent]
-    ) -> ControlResponse | None:
+    def send_sync(self, sid: str, events: Sequence[ControlEvent]) -> ControlResponse | None:
         """POST ``events`` for session ``sid``; the server's per-event outcomes, or None."""
         client = self._client
-        if not isinstance(client, OpenAI):  # only reachable by ignoring the type error
-            raise TypeError("send_sync needs an openai.OpenAI client; use `await send(...)`")
-        return self._post_sync(client, sid, events)
+        if isinstance(client, OpenAI):
+            return self._post_sync(client, sid, events)
+        if self._twin is None:
+            self._twin = sync_twin(client)
+        return self._post_sync(self._twin, sid, events)
 
     async def send(self, sid: str, events: Sequence[ControlEvent]) -> ControlResponse | None:
         """POST ``events`` for session ``sid``; the server's per-event outcomes, or None."""
@@ -126,22 +281,47 @@ class ControlChannel(Generic[_ClientT]):
             return None
 
     def submit(
-        self, sid: str, events: Sequence[ControlEvent]
-    ) -> asyncio.Task[ControlResponse | None]:
-        """Schedule ``send`` on the running loop and return at once (fire and forget).
-
-        The channel holds the task until it finishes, so it is not garbage-collected
-        mid-flight; ``flush`` waits for all of them.
-        """
-        task = asyncio.get_running_loop().create_task(self.send(sid, tuple(events)))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-        return task
+        self, sid: str, events: Sequence[ControlEvent], trace: otel_context.Context | None = None
+    ) -> None:
+        """Queue ``events`` for session ``sid`` and return at once (``ControlSender.submit``)."""
+        self.sender.submit(sid, events, trace)
 
     async def flush(self) -> None:
-        """Wait for every submitted send (e.g. before closing the client)."""
-        if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+        """Wait for every submitted event (e.g. before closing the client)."""
+        await self.sender.flush()
+
+    def flush_sync(self, timeout: float | None = None) -> bool:
+        """``flush`` without an event loop; False if ``timeout`` ran out first."""
+        return self.sender.flush_sync(timeout)
+
+    def __enter__(self) -> ControlChannel[_ClientT]:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.flush_sync()
+        self._close_twin()
+
+    async def __aenter__(self) -> ControlChannel[_ClientT]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.flush()
+        self._close_twin()
+
+    def _close_twin(self) -> None:
+        twin, self._twin = self._twin, None
+        if twin is not None:
+            twin.close()
 
     def _post_sync(
         self, client: OpenAI, sid: str, events: Sequence[ControlEvent]

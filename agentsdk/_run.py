@@ -1,7 +1,7 @@
 """``Runner``: the entry points of a run, which check every argument before anything is sent.
 
 A run's root branch loops in ``_branch``; here are its session (history, stats, the
-user's reply time), its control sender and its last word to the server: ``end`` when
+user's reply time), its control events' delivery and its last word to the server: ``end`` when
 nothing can continue the session, else the wait on the user.
 """
 
@@ -30,11 +30,12 @@ from ._branch import (
 )
 from ._config import RunConfig
 from ._context import RunContext
+from ._control import CONTROL_TIMEOUT
 from ._errors import UserError
 from ._hooks import RunHooks, dispatch
 from ._items import AgentInput, Message, input_messages
 from ._latency import LatencyEstimator, user_wait
-from ._model import ControlSender, ModelClient, control_sink, is_model_client, server_of
+from ._model import ModelClient, control_sender, is_model_client, server_of
 from ._result import RunResult
 from ._scope import check_session_id, current_hints
 from ._session import Session, SessionStats
@@ -245,12 +246,12 @@ async def _run_root(run: _Run, publish: Publish | None) -> RunResult:
         if publish is not None:
             publish(event)
 
-    sink = control_sink(run.client)
-    control = ControlSender(sink, session_id) if sink is not None else None
+    control = control_sender(run.client)
     env = RunEnv(
         client=run.client,
         config=config,
         emit=emit,
+        session_id=session_id,
         control=control,
         estimator=LatencyEstimator(
             stats.latency,
@@ -267,36 +268,33 @@ async def _run_root(run: _Run, publish: Publish | None) -> RunResult:
     end_session = config.end_session if config.end_session is not None else session is None
     if stats.turn_ended_at is not None:  # the user has replied: learn how long that took
         env.estimator.observe(USER_TOOL, max(time.time() - stats.turn_ended_at, 0.0))
-    result: RunResult | None = None
-    error: Exception | None = None
-    async with anyio.create_task_group() as group:
-        if control is not None:
-            group.start_soon(control.run)  # drained before the run returns
-        try:
-            result = await run_agent(
-                context,
-                [*system_prompt(run.agent.instructions), *history],
-                run.input,
-                run.max_turns,
-                session,
-            )
-        except Exception as err:  # raised below, outside the group: not as an ExceptionGroup
-            error = err
-        finally:
-            with anyio.CancelScope(shield=True):  # a cancelled run's bookkeeping still lands
-                if session is not None:
-                    stats.usage.add(context.usage)
-                    stats.turn_ended_at = None if end_session else time.time()
-                    await session.save_stats(stats)  # latency: the estimator updated it in place
-                if control is not None:
-                    if end_session:
-                        control.submit([End()], context._trace)
-                    elif session is not None:
-                        control.submit(
-                            [user_wait(env.estimator, config.user_wait_prior)], context._trace
-                        )
-                    control.close()
-    if error is not None:
-        raise error
-    assert result is not None
+    interrupted = True  # until the loop returns or raises: a cancellation is not an error
+    try:
+        result = await run_agent(
+            context,
+            [*system_prompt(run.agent.instructions), *history],
+            run.input,
+            run.max_turns,
+            session,
+        )
+        interrupted = False
+    except Exception:
+        interrupted = False
+        raise
+    finally:
+        with anyio.CancelScope(shield=True):  # a cancelled run's bookkeeping still lands
+            if session is not None:
+                stats.usage.add(context.usage)
+                stats.turn_ended_at = None if end_session else time.time()
+                await session.save_stats(stats)  # latency: the estimator updated it in place
+            if control is not None:
+                if end_session:
+                    control.submit(session_id, [End()], context._trace)
+                elif session is not None:
+                    wait = user_wait(env.estimator, config.user_wait_prior)
+                    control.submit(session_id, [wait], context._trace)
+                # Delivered before returning, so that run_sync does not lose the end; a
+                # cancelled run waits at most one POST's timeout for it.
+                with anyio.move_on_after(CONTROL_TIMEOUT if interrupted else None):
+                    await control.flush()
     return result

@@ -494,7 +494,7 @@ async def test_a_cancelled_run_still_delivers_its_last_control_events(
     assert kept.events_of(ToolStart)[-1].tool == USER_TOOL
 
     # Delivery is bounded: a server that never answers holds a cancelled run only briefly.
-    monkeypatch.setattr("agentsdk._model.CONTROL_TIMEOUT", 0.2)
+    monkeypatch.setattr("agentsdk._run.CONTROL_TIMEOUT", 0.2)
     started = time.monotonic()
     with anyio.move_on_after(0.1):
         await Runner.run(_agent(nap), "go", client=_StalledSink([slow]))

@@ -161,7 +161,15 @@ def _root_context(model: ScriptedModel) -> BranchContext:
         return None
 
     env = RunEnv(
-        model, RunConfig(), emit, None, LatencyEstimator(), tracer(None), ClientMetrics(None), None
+        model,
+        RunConfig(),
+        emit,
+        "s",
+        None,
+        LatencyEstimator(),
+        tracer(None),
+        ClientMetrics(None),
+        None,
     )
     return root_context(Agent(name="p", model="m"), "m", "s1", None, env)
 

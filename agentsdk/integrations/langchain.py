@@ -19,12 +19,10 @@ hints warns once (``UnhintedClientWarning``). The handler runs inline
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
@@ -33,7 +31,7 @@ from openai import AsyncOpenAI, OpenAI
 
 from hints_spec import ControlEvent, ToolEnd, ToolStart
 
-from .._client import HintedAsyncOpenAI, HintedOpenAI
+from .._client import HintedAsyncOpenAI, sync_twin
 from .._config import DEFAULT_USER_WAIT_PRIOR
 from .._control import ControlChannel
 from .._errors import UnhintedClientWarning, UserError
@@ -56,15 +54,7 @@ def chat_openai_clients(client: HintedAsyncOpenAI) -> dict[str, Any]:
         raise UserError(
             f"chat_openai_clients: a HintedAsyncOpenAI expected, got {type(client).__name__}"
         )
-    twin = HintedOpenAI(
-        api_key=client.api_key,
-        organization=client.organization,
-        project=client.project,
-        base_url=client.base_url,
-        timeout=client.timeout,
-        max_retries=client.max_retries,
-        default_headers=client._custom_headers,
-    )
+    twin = sync_twin(client)
     return {
         "root_async_client": client,
         "async_client": client.chat.completions,
@@ -91,19 +81,11 @@ class HintsCallbackHandler(BaseCallbackHandler):
                 f" {type(client).__name__}"
             )
         self.estimator = estimator if estimator is not None else LatencyEstimator()
-        self._sync: ControlChannel[OpenAI] | None = None
-        if isinstance(client, OpenAI):
-            self._sync = ControlChannel(client)
-        self._channel: ControlChannel[OpenAI | AsyncOpenAI] = (
-            self._sync if self._sync is not None else ControlChannel(client)
-        )
-        self._sync_posts: ThreadPoolExecutor | None = None  # one worker keeps them in order
+        self._channel = ControlChannel(client)
         self._scopes: dict[UUID, tuple[str, hint_scope, SendWatch]] = {}
         self._warned = False
         self._tools: dict[UUID, tuple[str, str, float]] = {}  # run -> (sid, tool, started)
         self._roots: dict[UUID, str] = {}  # graph runs -> sid
-        # The loop of an async run: tools that run in worker threads post through it.
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     # Chat models: the request's scope.
 
@@ -117,7 +99,6 @@ class HintsCallbackHandler(BaseCallbackHandler):
         invocation_params: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._remember_loop()
         sid = _session(metadata)
         if sid is None:
             return
@@ -174,7 +155,6 @@ class HintsCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._remember_loop()
         sid = _session(metadata)
         if parent_run_id is None and sid is not None:
             self._roots[run_id] = sid
@@ -188,8 +168,10 @@ class HintsCallbackHandler(BaseCallbackHandler):
     async def flush(self) -> None:
         """Wait for the events in flight (before closing the client or the loop)."""
         await self._channel.flush()
-        if self._sync_posts is not None:
-            await asyncio.get_running_loop().run_in_executor(self._sync_posts, lambda: None)
+
+    def flush_sync(self, timeout: float | None = None) -> bool:
+        """``flush`` after a sync ``invoke``; False if ``timeout`` ran out first."""
+        return self._channel.flush_sync(timeout)
 
     def _close_scope(self, run_id: UUID) -> tuple[str, int] | None:
         """Close the scope of chat model run ``run_id``: (its session, hinted requests
@@ -217,23 +199,9 @@ class HintsCallbackHandler(BaseCallbackHandler):
         if sid is not None:
             self._send(sid, [user_wait(self.estimator, DEFAULT_USER_WAIT_PRIOR)])
 
-    def _remember_loop(self) -> None:
-        with contextlib.suppress(RuntimeError):
-            self._loop = asyncio.get_running_loop()
-
     def _send(self, sid: str, events: Sequence[ControlEvent]) -> None:
-        """Fire and forget: on the run's loop (from a tool's worker thread too), else
-        (sync runs of a sync client) on one worker thread of our own."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self._channel.submit, sid, list(events))
-            elif self._sync is not None:
-                if self._sync_posts is None:
-                    self._sync_posts = ThreadPoolExecutor(1, "agent-hints-control")
-                self._sync_posts.submit(self._sync.send_sync, sid, events)
-            return  # else an async client with no loop to post on: the events are dropped
+        """Queue on the channel's ordered sender: from the run's task, a tool's worker
+        thread or a sync ``invoke`` alike."""
         self._channel.submit(sid, events)
 
 
