@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -115,6 +116,8 @@ from ._tracing import (
     ClientMetrics,
 )
 from ._usage import Usage
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_MAX_TURNS",
@@ -368,7 +371,7 @@ async def run_agent(
                     await session.add_items(unsaved)
                     unsaved = []
             else:
-                raise MaxTurnsExceeded(max_turns)
+                raise MaxTurnsExceeded(max_turns, context.agent_name)
             if session is not None:
                 await session.add_items(unsaved)
             text = message.get("content") or ""
@@ -623,12 +626,21 @@ async def _execute(
             if deadline.cancelled_caught:
                 error = "TimeoutError"
                 output = f"Error: tool {tool.name!r} timed out after {timeout:g} s"
+                span.record_exception(TimeoutError(output[7:]))
+                _log.warning(
+                    "%s (agent %r, branch %s)", output[7:], context.agent_name, context.branch
+                )
             output = _capped(output, env.config.max_tool_output_chars)
         except _FATAL:
             raise
-        except Exception as err:  # a failing tool is news for the model, not for the caller
+        except Exception as err:  # a failing tool is news for the model, and the developer's
             error = type(err).__qualname__
             output = f"Error: {error}: {err}"
+            span.record_exception(err)
+            _log.warning(
+                "tool %r of agent %r (branch %s) raised; the model is told %r",
+                tool.name, context.agent_name, context.branch, output[:200], exc_info=err,
+            )  # fmt: skip
         duration = time.monotonic() - started
         if error is not None:
             span.set_attribute(ERROR_TYPE, error)

@@ -15,7 +15,6 @@ learns nothing, which is almost always a missing ``hint_scope`` or adapter.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 
 from openai import AsyncOpenAI, OpenAI
@@ -25,7 +24,7 @@ from typing_extensions import override
 
 from hints_spec import HEADER_NAME, SESSION_HEADER, AgentHints, serialize_header
 
-from ._errors import NoSessionWarning
+from ._errors import NoSessionWarning, warn_user
 from ._scope import active_scope, note_sent
 
 __all__ = ["HintedAsyncOpenAI", "HintedOpenAI", "has_header", "hint_headers", "sync_twin"]
@@ -124,7 +123,7 @@ def _warn_once(options: FinalRequestOptions, client: HintedOpenAI | HintedAsyncO
         return
     if options.url.partition("?")[0].endswith(_MODEL_PATHS):
         client._warned_no_session = True
-        warnings.warn(_NO_SESSION.format(client=type(client).__name__), NoSessionWarning, 2)
+        warn_user(_NO_SESSION.format(client=type(client).__name__), NoSessionWarning)
 
 
 class HintedOpenAI(OpenAI):

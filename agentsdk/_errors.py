@@ -8,6 +8,11 @@ that stops a runaway run.
 
 from __future__ import annotations
 
+import asyncio
+import sys
+import warnings
+
+import openai
 from pydantic import ValidationError
 
 __all__ = [
@@ -23,7 +28,16 @@ __all__ = [
     "UnhintedClientWarning",
     "UserError",
     "invalid_arguments",
+    "no_running_loop",
+    "warn_user",
 ]
+
+# Modules whose frames are not the user's: warnings are attributed past them.
+_LIBRARIES = (
+    "agentsdk", "openai", "httpx", "httpx2", "anyio", "asyncio", "concurrent", "threading",
+    "contextlib", "contextvars", "agents", "pydantic_ai", "pydantic_graph", "langchain",
+    "langchain_core", "langchain_openai", "langgraph",
+)  # fmt: skip
 
 
 class AgentsError(Exception):
@@ -47,9 +61,15 @@ class MaxTurnsExceeded(AgentsError):
     A sub-agent's is reported to its parent's model as a tool error, like any tool failure.
     """
 
-    def __init__(self, max_turns: int) -> None:
-        super().__init__(f"agent did not finish within max_turns={max_turns}")
+    def __init__(self, max_turns: int, agent: str | None = None) -> None:
+        who = f"agent {agent!r}" if agent is not None else "the agent"
+        super().__init__(
+            f"{who} still called tools after max_turns={max_turns} model calls: pass a"
+            f" larger max_turns (Runner.run(..., max_turns=...), or as_tool(max_turns=...)"
+            " for a sub-agent), or check its instructions and tools for a loop"
+        )
         self.max_turns = max_turns
+        self.agent = agent
 
 
 class RunLimitExceeded(AgentsError):
@@ -81,7 +101,45 @@ class ForkDepthExceeded(RunLimitExceeded):
 
 
 class ModelCallError(AgentsError):
-    """The model call failed: server unreachable, timed out, or answered with an error."""
+    """The model call failed: server unreachable, timed out, or answered with an error.
+
+    ``url`` is the request's URL and ``status`` the server's HTTP status (None when
+    no answer came); the message says both, and what to check.
+    """
+
+    def __init__(self, message: str, url: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+    @classmethod
+    def from_openai(cls, err: openai.APIError) -> ModelCallError:
+        """``err`` (any failure of an openai client's call) with its URL and status."""
+        request = getattr(err, "request", None)
+        url = str(request.url) if request is not None else None
+        where = f" to {url}" if url else ""
+        if isinstance(err, openai.APIStatusError):
+            advice = ""
+            if err.status_code == 404 and url is not None:
+                base, found, _ = url.partition("/chat/completions")
+                if found and not base.endswith("/v1"):
+                    advice = f" (did you mean base_url={base}/v1?)"
+            return cls(
+                f"model call{where} failed: HTTP {err.status_code}: {err.message}{advice}",
+                url,
+                err.status_code,
+            )
+        if isinstance(err, openai.APITimeoutError):
+            return cls(f"model call{where} timed out: raise the client's timeout=", url)
+        if isinstance(err, openai.APIConnectionError):
+            cause = err.__cause__ or err.__context__
+            reason = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+            return cls(
+                f"model call{where} failed: cannot connect{reason}: is the server running"
+                " there, and is the client's base_url right?",
+                url,
+            )
+        return cls(f"model call{where} failed: {err}", url)
 
 
 class OutputValidationError(AgentsError):
@@ -116,3 +174,29 @@ def invalid_arguments(where: str, error: ValidationError) -> UserError:
             message += f" (got {item['input']!r:.80})"
         problems.append(f"{name}: {message}")
     return UserError(f"{where}: " + "; ".join(problems))
+
+
+def no_running_loop(where: str, alternative: str) -> None:
+    """Raise a ``UserError`` naming ``alternative`` if this thread runs an event loop
+    (a sync entry point cannot start another: Jupyter, an async web handler)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise UserError(
+        f"{where} cannot run inside a running event loop (Jupyter, an async function):"
+        f" use `{alternative}` there"
+    )
+
+
+def warn_user(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` attributed to the user's line: the first frame outside this SDK
+    and the libraries it drives (so filters by module and the shown line are the user's)."""
+    frame = sys._getframe(1)
+    level = 2
+    while (
+        frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] in _LIBRARIES
+    ):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)

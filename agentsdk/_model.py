@@ -84,7 +84,7 @@ async def create_completion(client: ModelClient, request: dict[str, Any]) -> Cha
             if inspect.isawaitable(response):
                 response = await response
     except openai.APIError as err:
-        raise ModelCallError(f"model call failed: {err}") from err
+        raise ModelCallError.from_openai(err) from err
     if not isinstance(response, ChatCompletion) or not response.choices:
         raise ModelCallError(f"model call returned no completion: {response!r:.200}")
     return response

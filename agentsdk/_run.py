@@ -31,7 +31,7 @@ from ._branch import (
 from ._config import RunConfig
 from ._context import RunContext
 from ._control import CONTROL_TIMEOUT
-from ._errors import UserError
+from ._errors import UserError, no_running_loop
 from ._hooks import RunHooks, dispatch
 from ._items import AgentInput, Message, input_messages
 from ._latency import LatencyEstimator, user_wait
@@ -108,6 +108,7 @@ class Runner:
         run_config: RunConfig | None = None,
     ) -> RunResult:
         """``run`` on a new event loop, for code that has none."""
+        no_running_loop("Runner.run_sync", "await Runner.run(...)")
         run = _check(agent, input, client, context, session, max_turns, hooks, run_config)
         return anyio.run(_run_root, run, None)
 

@@ -90,7 +90,7 @@ def recording_server(
                 time.sleep(random.uniform(0, server.control_delay))
                 results = [{"index": i, "outcome": "accepted"} for i in range(len(body["events"]))]
                 self._send(json.dumps({"v": 1, "results": results}).encode(), "application/json")
-            elif self.path.endswith("/chat/completions"):
+            elif self.path == "/v1/chat/completions":
                 server._record("chat", headers, body)
                 answer = server.reply(body)
                 if body.get("stream"):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
@@ -34,7 +33,7 @@ from hints_spec import ControlEvent, ToolEnd, ToolStart
 from .._client import HintedAsyncOpenAI, sync_twin
 from .._config import DEFAULT_USER_WAIT_PRIOR
 from .._control import ControlChannel
-from .._errors import UnhintedClientWarning, UserError
+from .._errors import UnhintedClientWarning, UserError, warn_user
 from .._latency import LatencyEstimator, user_wait
 from .._scope import SendWatch, hint_scope, session_id_for
 
@@ -113,7 +112,7 @@ class HintsCallbackHandler(BaseCallbackHandler):
         closed = self._close_scope(run_id)
         if closed is not None and not closed[1] and not self._warned:
             self._warned = True
-            warnings.warn(_UNHINTED.format(sid=closed[0]), UnhintedClientWarning, 2)
+            warn_user(_UNHINTED.format(sid=closed[0]), UnhintedClientWarning)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._close_scope(run_id)

@@ -20,7 +20,6 @@ import dataclasses
 import inspect
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,7 +37,7 @@ from hints_spec import (
 from .._client import HintedAsyncOpenAI, HintedOpenAI, hint_headers
 from .._config import DEFAULT_USER_WAIT_PRIOR
 from .._control import ControlChannel
-from .._errors import NoSessionWarning, UserError
+from .._errors import NoSessionWarning, UserError, no_running_loop, warn_user
 from .._latency import LatencyEstimator, user_wait
 from .._scope import current_hints, hint_scope, session_id_for
 
@@ -101,11 +100,10 @@ class HintsRunHooks(RunHooks[Any]):
             self._channel.submit(sid, [event(hints.br if hints is not None else None)])
         elif not self._warned:
             self._warned = True
-            warnings.warn(
+            warn_user(
                 "HintsRunHooks: no session, so no tool events are sent: give session_id=,"
                 " run inside hint_scope(session=...), or use HintedRunner",
                 NoSessionWarning,
-                stacklevel=2,
             )
 
 
@@ -141,6 +139,7 @@ class HintedRunner:
     def run_sync(self, starting_agent: Agent[Any], input: Any, **kwargs: Any) -> RunResult:
         """``run`` on the thread's default event loop, the one ``agents.Runner.run_sync``
         uses (so clients bound to it keep working)."""
+        no_running_loop("HintedRunner.run_sync", "await Runner.run(...)")
         policy = asyncio.get_event_loop_policy()
         try:
             loop = policy.get_event_loop()
