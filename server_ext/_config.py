@@ -25,9 +25,11 @@ from .policy import (
 __all__ = [
     "CONNECTOR_MODULE",
     "CONNECTOR_NAME",
+    "HOST_OFFLOADING_CONNECTOR",
     "LOOPBACK_PEERS",
     "MULTI_CONNECTOR",
     "OFFLOADING_CONNECTOR",
+    "OFFLOADING_CONNECTORS",
     "OFFLOAD_MODULE",
     "OFFLOAD_POLICY",
     "OFFLOAD_SPEC",
@@ -44,8 +46,13 @@ MULTI_CONNECTOR = "MultiConnector"
 """vLLM's connector that composes others (``connectors`` in its extra config)."""
 OFFLOADING_CONNECTOR = "OffloadingConnector"
 """vLLM's KV offloading connector: the extension's host tier."""
+HOST_OFFLOADING_CONNECTOR = "HostOffloadingConnector"
+"""vLLM's offloading connector whose loads complete in step where the copy is a
+host memcpy (``server_ext.offload``); what the extension's launches use."""
+OFFLOADING_CONNECTORS = (OFFLOADING_CONNECTOR, HOST_OFFLOADING_CONNECTOR)
 OFFLOAD_MODULE = "server_ext.offload"
-"""vLLM's ``spec_module_path`` and ``cache_policy_module_path`` for the two below."""
+"""vLLM's ``kv_connector_module_path``, ``spec_module_path`` and
+``cache_policy_module_path`` for the connector above and the two below."""
 OFFLOAD_SPEC = "HostOffloadingSpec"
 """vLLM's CPU offloading spec, with a host-to-host copy where vLLM has none."""
 OFFLOAD_POLICY = "AgentHintsCachePolicy"

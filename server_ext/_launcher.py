@@ -24,11 +24,13 @@ from collections.abc import Mapping, Sequence
 from ._config import (
     CONNECTOR_MODULE,
     CONNECTOR_NAME,
+    HOST_OFFLOADING_CONNECTOR,
     MULTI_CONNECTOR,
     OFFLOAD_MODULE,
     OFFLOAD_POLICY,
     OFFLOAD_SPEC,
     OFFLOADING_CONNECTOR,
+    OFFLOADING_CONNECTORS,
     ExtensionConfig,
 )
 from .tier import TierConfig, kv_role
@@ -95,7 +97,8 @@ def offloading_transfer(tier_bytes: int, *, hints: bool = True) -> dict[str, obj
     if hints:
         extra.update(eviction_policy=OFFLOAD_POLICY, cache_policy_module_path=OFFLOAD_MODULE)
     return {
-        "kv_connector": OFFLOADING_CONNECTOR,
+        "kv_connector": HOST_OFFLOADING_CONNECTOR,
+        "kv_connector_module_path": OFFLOAD_MODULE,
         "kv_role": "kv_both",
         # A tier miss at load time must cost a recompute, never a failed request.
         "kv_load_failure_policy": "recompute",
@@ -258,22 +261,26 @@ def _composed(
     """``MultiConnector``'s list: ``children`` (the operator's) with the
     extension's connector in its own entry's place, else first, and vLLM's
     offloading (the host tier) merged under an ``OffloadingConnector`` entry
-    of theirs, else last."""
+    of theirs (their settings, ``HostOffloadingConnector``), else last."""
     names = [child.get("kv_connector") for child in children]
     if CONNECTOR_NAME in names:
         children[names.index(CONNECTOR_NAME)] = ours
     else:
         children.insert(0, ours)
         names.insert(0, CONNECTOR_NAME)
-    if OFFLOADING_CONNECTOR in names:
-        at = names.index(OFFLOADING_CONNECTOR)
+    at = next((i for i, name in enumerate(names) if name in OFFLOADING_CONNECTORS), None)
+    if at is not None:
         if at < names.index(CONNECTOR_NAME):
             raise VllmArgsError(
                 f"{TRANSFER_FLAG}: {CONNECTOR_NAME} must come before {OFFLOADING_CONNECTOR} "
                 "(it puts the hints into the kv_hints that vLLM's offloading reads)"
             )
         if offloading is not None:
-            children[at] = _merged(offloading, children[at])
+            # Their settings over ours, in the connector ours names: vLLM's,
+            # with its loads in step where the copy is a host memcpy.
+            children[at] = _merged(offloading, children[at]) | {
+                key: offloading[key] for key in ("kv_connector", "kv_connector_module_path")
+            }
     elif offloading is not None:
         children.append(offloading)
     return children

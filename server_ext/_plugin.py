@@ -2,7 +2,8 @@
 registries, in every vLLM process (API server, engine core, workers).
 
 With it a plain ``vllm serve`` takes ``"kv_connector": "AgentHintsConnector"``
-without ``kv_connector_module_path``, vLLM's offloading takes
+and ``"HostOffloadingConnector"`` without ``kv_connector_module_path``, vLLM's
+offloading takes
 ``"spec_name": "HostOffloadingSpec"`` and ``"eviction_policy":
 "AgentHintsCachePolicy"`` without module paths, and ``MultiConnector`` can
 rebuild the connector's statistics in the API server (it looks connectors up
@@ -11,7 +12,14 @@ by name there).
 
 from __future__ import annotations
 
-from ._config import CONNECTOR_MODULE, CONNECTOR_NAME, OFFLOAD_MODULE, OFFLOAD_POLICY, OFFLOAD_SPEC
+from ._config import (
+    CONNECTOR_MODULE,
+    CONNECTOR_NAME,
+    HOST_OFFLOADING_CONNECTOR,
+    OFFLOAD_MODULE,
+    OFFLOAD_POLICY,
+    OFFLOAD_SPEC,
+)
 
 __all__ = ["register"]
 
@@ -25,6 +33,10 @@ def register() -> None:
 
     if CONNECTOR_NAME not in KVConnectorFactory._registry:
         KVConnectorFactory.register_connector(CONNECTOR_NAME, CONNECTOR_MODULE, CONNECTOR_NAME)
+    if HOST_OFFLOADING_CONNECTOR not in KVConnectorFactory._registry:
+        KVConnectorFactory.register_connector(
+            HOST_OFFLOADING_CONNECTOR, OFFLOAD_MODULE, HOST_OFFLOADING_CONNECTOR
+        )
     if OFFLOAD_SPEC not in OffloadingSpecFactory._registry:
         OffloadingSpecFactory.register_spec(OFFLOAD_SPEC, OFFLOAD_MODULE, OFFLOAD_SPEC)
     if OFFLOAD_POLICY not in CachePolicyFactory._registry:

@@ -81,7 +81,7 @@ from vllm.entrypoints.serve.middleware.authenticate import (
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.request import RequestStatus
 
-from ._config import MULTI_CONNECTOR, OFFLOADING_CONNECTOR, ExtensionConfig, extension_extra
+from ._config import MULTI_CONNECTOR, OFFLOADING_CONNECTORS, ExtensionConfig, extension_extra
 from ._engine import (
     EngineRetention,
     control_params,
@@ -212,7 +212,7 @@ def _offloading_beside(kv: Any) -> bool:
     """Whether ``kv`` composes vLLM's offloading connector with the extension's."""
     children = (kv.kv_connector_extra_config or {}).get("connectors")
     return kv.kv_connector == MULTI_CONNECTOR and any(
-        isinstance(c, Mapping) and c.get("kv_connector") == OFFLOADING_CONNECTOR
+        isinstance(c, Mapping) and c.get("kv_connector") in OFFLOADING_CONNECTORS
         for c in (children if isinstance(children, list) else ())
     )
 

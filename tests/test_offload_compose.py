@@ -24,11 +24,22 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from hints_spec import KV_HINTS_ACTION_TYPE, AgentHints, find_session_action
 from server_ext import offloading_transfer, transfer_config
 from server_ext.__main__ import main as serve_main
-from server_ext._config import CONNECTOR_NAME, OFFLOAD_MODULE, OFFLOAD_POLICY, OFFLOAD_SPEC
+from server_ext._config import (
+    CONNECTOR_NAME,
+    HOST_OFFLOADING_CONNECTOR,
+    OFFLOAD_MODULE,
+    OFFLOAD_POLICY,
+    OFFLOAD_SPEC,
+)
 from server_ext._engine import hint_params
 from server_ext._plugin import register
 from server_ext._vllm import AgentHintsConnector, connector_config
-from server_ext.offload import AgentHintsCachePolicy, HostOffloadingSpec, lower_to_envelope
+from server_ext.offload import (
+    AgentHintsCachePolicy,
+    HostOffloadingConnector,
+    HostOffloadingSpec,
+    lower_to_envelope,
+)
 
 
 def test_the_default_is_vllms_offloading_beside_the_extension() -> None:
@@ -39,7 +50,8 @@ def test_the_default_is_vllms_offloading_beside_the_extension() -> None:
     ours, offloading = config["kv_connector_extra_config"]["connectors"]  # type: ignore[index]
     assert ours["kv_connector"] == CONNECTOR_NAME
     assert ours["kv_connector_extra_config"]["ttl_cap_s"] == 60
-    assert offloading["kv_connector"] == "OffloadingConnector"
+    assert offloading["kv_connector"] == HOST_OFFLOADING_CONNECTOR
+    assert offloading["kv_connector_module_path"] == OFFLOAD_MODULE
     assert offloading["kv_connector_extra_config"] == {
         "spec_name": OFFLOAD_SPEC,
         "spec_module_path": OFFLOAD_MODULE,
@@ -78,6 +90,10 @@ def test_vllms_factories_resolve_every_name() -> None:
     register()
     register()  # vLLM may load plugins more than once per process
     assert KVConnectorFactory.get_connector_class_by_name(CONNECTOR_NAME) is AgentHintsConnector
+    assert (
+        KVConnectorFactory.get_connector_class_by_name(HOST_OFFLOADING_CONNECTOR)
+        is HostOffloadingConnector
+    )
     assert OffloadingSpecFactory.get_spec_cls({"spec_name": OFFLOAD_SPEC}) is HostOffloadingSpec
     assert CachePolicyFactory.get_cache_policy_cls(OFFLOAD_POLICY) is AgentHintsCachePolicy
     # and by module path, as a launch without the plugin names them

@@ -23,7 +23,13 @@ from server_ext import ExtensionConfig, ExtensionConfigError
 from server_ext import _launcher as launcher
 from server_ext.__main__ import main as serve_main
 from server_ext.__main__ import misspelled
-from server_ext._config import CONNECTOR_NAME, MULTI_CONNECTOR, OFFLOADING_CONNECTOR
+from server_ext._config import (
+    CONNECTOR_NAME,
+    HOST_OFFLOADING_CONNECTOR,
+    MULTI_CONNECTOR,
+    OFFLOAD_MODULE,
+    OFFLOADING_CONNECTOR,
+)
 from server_ext._launcher import (
     API_SERVER_MODULE,
     CLI_MODULE,
@@ -140,10 +146,10 @@ def test_dotted_keys_are_the_extensions_settings(capsys: pytest.CaptureFixture[s
             "0.25",
         )
     )
-    assert _connectors(config) == [CONNECTOR_NAME, OFFLOADING_CONNECTOR]
+    assert _connectors(config) == [CONNECTOR_NAME, HOST_OFFLOADING_CONNECTOR]
     ours = _entry(config, CONNECTOR_NAME)["kv_connector_extra_config"]
     assert ours == {"max_held_fraction": 0.3, "tier_bytes": 2 << 30, "max_tenant_fraction": 0.25}
-    offloading = _entry(config, OFFLOADING_CONNECTOR)["kv_connector_extra_config"]
+    offloading = _entry(config, HOST_OFFLOADING_CONNECTOR)["kv_connector_extra_config"]
     assert offloading["cpu_bytes_to_use"] == 2 << 30
 
 
@@ -172,7 +178,7 @@ def test_a_config_naming_no_connector_applies_to_the_whole(
         _printed(capsys, "--kv-transfer-config", '{"engine_id": "e1", "kv_buffer_device": "cpu"}')
     )
     assert (config["engine_id"], config["kv_buffer_device"]) == ("e1", "cpu")
-    assert _connectors(config) == [CONNECTOR_NAME, OFFLOADING_CONNECTOR]
+    assert _connectors(config) == [CONNECTOR_NAME, HOST_OFFLOADING_CONNECTOR]
 
 
 def test_a_config_naming_the_extension_merges_into_its_entry(
@@ -200,7 +206,7 @@ def test_another_connector_is_composed_between_the_extension_and_the_offloading(
     nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "engine_id": "p0"}
     nixl["kv_load_failure_policy"] = "fail"
     config = _transfer(_printed(capsys, "--kv-transfer-config", json.dumps(nixl)))
-    assert _connectors(config) == [CONNECTOR_NAME, "NixlConnector", OFFLOADING_CONNECTOR]
+    assert _connectors(config) == [CONNECTOR_NAME, "NixlConnector", HOST_OFFLOADING_CONNECTOR]
     assert _entry(config, "NixlConnector") == nixl
     # vLLM reads these only at the top of the whole config
     assert (config["engine_id"], config["kv_load_failure_policy"]) == ("p0", "fail")
@@ -221,15 +227,17 @@ def test_a_multiconnector_gets_the_extensions_entries(capsys: pytest.CaptureFixt
         "kv_connector_extra_config": {"connectors": [lmcache, offloading]},
     }
     config = _transfer(_printed(capsys, "--kv-transfer-config", json.dumps(multi)))
-    assert _connectors(config) == [CONNECTOR_NAME, "LMCacheConnectorV1", OFFLOADING_CONNECTOR]
-    extra = _entry(config, OFFLOADING_CONNECTOR)["kv_connector_extra_config"]
+    # their vLLM offloading entry, as the connector whose host loads finish in step
+    assert _connectors(config) == [CONNECTOR_NAME, "LMCacheConnectorV1", HOST_OFFLOADING_CONNECTOR]
+    assert _entry(config, HOST_OFFLOADING_CONNECTOR)["kv_connector_module_path"] == OFFLOAD_MODULE
+    extra = _entry(config, HOST_OFFLOADING_CONNECTOR)["kv_connector_extra_config"]
     assert extra["cpu_bytes_to_use"] == 12345  # theirs wins
     assert extra["eviction_policy"] == "AgentHintsCachePolicy"  # the extension's: they set none
     # an entry for the extension's connector stays where it is, its settings merged
     ours = {"kv_connector": CONNECTOR_NAME, "kv_connector_extra_config": {"control_rate": 9}}
     multi["kv_connector_extra_config"] = {"connectors": [ours, lmcache]}
     config = _transfer(_printed(capsys, "--kv-transfer-config", json.dumps(multi)))
-    assert _connectors(config) == [CONNECTOR_NAME, "LMCacheConnectorV1", OFFLOADING_CONNECTOR]
+    assert _connectors(config) == [CONNECTOR_NAME, "LMCacheConnectorV1", HOST_OFFLOADING_CONNECTOR]
     assert _entry(config, CONNECTOR_NAME)["kv_connector_extra_config"] == {"control_rate": 9}
     assert _entry(config, CONNECTOR_NAME)["kv_role"] == "kv_producer"
 

@@ -26,8 +26,14 @@ logger = logging.getLogger(__name__)
 class HostOffloadingSpec(CPUOffloadingSpec):
     """vLLM's ``CPUOffloadingSpec``, with a host-to-host copy where vLLM has none."""
 
+    @staticmethod
+    def copies_on_host() -> bool:
+        """Whether this platform's transfers are ``HostOffloadingWorker``'s
+        synchronous host copies (no CUDA or XPU device for vLLM's worker)."""
+        return not (current_platform.is_cuda_alike() or current_platform.is_xpu())
+
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        if current_platform.is_cuda_alike() or current_platform.is_xpu():
+        if not self.copies_on_host():
             return super().get_worker(kv_caches)
         worker = HostOffloadingWorker(kv_caches, self.blocks_per_chunk, self.num_chunks)
         logger.info(

@@ -1,0 +1,93 @@
+"""``HostOffloadingConnector``: vLLM's ``OffloadingConnector``, loads in step
+where the copy is a host memcpy.
+
+vLLM reports every offloading load as asynchronous: the request waits in
+``WAITING_FOR_REMOTE_KVS`` while a side stream copies, the worker reports the
+job finished at the end of the step, and the request is scheduled one engine
+step later. On a GPU that step is spent on other requests' compute while the
+copy runs, so nothing is lost. With ``HostOffloadingWorker`` (the CPU build)
+the copy is a synchronous memcpy done in ``start_load_kv``, before that very
+step's forward pass: reporting it asynchronously only adds one engine step (a
+whole batch's decode on a CPU) to every tier hit's time to first token.
+
+So where the spec copies on the host, this connector declares the loads
+synchronous, as vLLM's synchronous connectors do: the scheduler schedules the
+request's remaining tokens in the step that loads its prefix (a load stops
+short of the last token, which that step computes; the load's blocks are
+shown to vLLM's scheduler side unhashed, as an asynchronous allocation leaves
+them, so that it finds where the load starts), and the worker
+does not report the load as a finished receive (vLLM's scheduler expects one
+only for a request that waited). The job itself still completes through
+vLLM's worker metadata, so ``CPUOffloadingManager``'s ``complete_load`` and
+the cache policy see every load. Everywhere else (a GPU, or a spec that is
+not ``HostOffloadingSpec``) it is vLLM's connector, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+from ._spec import HostOffloadingSpec
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+__all__ = ["HostOffloadingConnector"]
+
+
+class HostOffloadingConnector(OffloadingConnector):
+    """vLLM's ``OffloadingConnector`` whose loads complete within their step
+    when ``HostOffloadingSpec`` copies host to host (module doc)."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        spec = OffloadingSpecFactory.get_spec_cls(extra)
+        self._loads_in_step = issubclass(spec, HostOffloadingSpec) and spec.copies_on_host()
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        if not self._loads_in_step:
+            return super().get_num_new_matched_tokens(request, num_computed_tokens)
+        # The step that loads must compute at least the last token (vLLM's
+        # local prefix cache stops there too; an asynchronous load is trimmed
+        # after it lands, a synchronous one must be before): load no further.
+        bound = request.num_tokens - 1 - num_computed_tokens
+        theirs = self._max_loadable_tokens(request, num_computed_tokens)
+        hit = self.scheduler.get_num_new_matched_tokens(
+            request,
+            num_computed_tokens,
+            max_num_new_tokens=bound if theirs is None else min(bound, theirs),
+        )[0]
+        return hit, False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        if self._loads_in_step and num_external_tokens:
+            # vLLM's scheduler side finds where a load starts by the first
+            # allocated block without a hash, as an asynchronous load leaves
+            # them (``delay_cache_blocks``); a synchronous allocation hashes
+            # them at once. Show it the blocks as the asynchronous path does.
+            blocks = KVCacheBlocks(
+                tuple(
+                    [KVCacheBlock(b.block_id, is_null=b.is_null) for b in group]
+                    for group in blocks.blocks
+                )
+            )
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        sending, receiving = super().get_finished(finished_req_ids)
+        return sending, set() if self._loads_in_step else receiving
