@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hints_spec.core import ROOT_BRANCH as ROOT
+
 __all__ = [
     "FIRST_ID",
     "ROOT",
@@ -43,9 +45,6 @@ __all__ = [
     "truncate",
     "unlimited_blocks",
 ]
-
-ROOT = "root"
-"""Branch name of a trace's main conversation (the protocol's default branch)."""
 
 TRACE_BLOCK = 64
 """Input tokens behind one trace hash id."""

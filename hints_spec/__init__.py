@@ -2,22 +2,22 @@
 
 Every parser raises :class:`HintError` and nothing else, so a server can ignore and
 count a bad hint with one ``except`` clause and serve the request as if it had none.
+Names, limits, outcomes and the plain event types live in ``hints_spec.core``
+(stdlib only), which the policy and the benchmarks import.
 """
 
 from ._body import parse_body
 from ._control import (
-    MAX_CHILDREN,
-    MAX_EVENTS,
     ControlEvent,
     ControlRequest,
     ControlResponse,
     End,
     EventResult,
     Fork,
-    Outcome,
     ToolEnd,
     ToolStart,
     parse_control,
+    to_event,
 )
 from ._envelope import (
     KV_HINTS_ACTION_TYPE,
@@ -32,20 +32,22 @@ from ._envelope import (
 from ._errors import HintError, HintErrorCode
 from ._header import combine_field_lines, parse_header, serialize_header
 from ._interop import OTEL_CONVERSATION_ID, SESSION_HEADER, from_interop, merge_hints
-from ._model import (
+from ._model import ID_PATTERN, AgentHints
+from ._resolve import resolve_hints
+from ._vllm import to_vllm_fields
+from .core import (
     BODY_FIELD,
     CONTROL_PATH,
     HEADER_NAME,
-    ID_PATTERN,
+    MAX_CHILDREN,
+    MAX_EVENTS,
     MAX_ID_LENGTH,
     MAX_SECONDS,
     PROTOCOL_VERSION,
     ROOT_BRANCH,
     USER_TOOL,
-    AgentHints,
+    Outcome,
 )
-from ._resolve import resolve_hints
-from ._vllm import to_vllm_fields
 
 __all__ = [
     "BODY_FIELD",
@@ -87,6 +89,7 @@ __all__ = [
     "parse_header",
     "resolve_hints",
     "serialize_header",
+    "to_event",
     "to_kv_hints_action",
     "to_kv_hints_envelope",
     "to_vllm_fields",

@@ -7,32 +7,32 @@ as a whole, while each event fails alone, so one bad event never hides the other
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from enum import StrEnum
-from typing import Annotated, Any, Final, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from ._errors import HintError, HintErrorCode
 from ._model import (
-    PROTOCOL_VERSION,
-    ROOT_BRANCH,
     check_id,
     check_integer,
     check_optional_id,
     check_seconds,
 )
-
-MAX_EVENTS: Final = 64  # per control request
-MAX_CHILDREN: Final = 64  # per fork event
+from .core import (
+    MAX_CHILDREN,
+    MAX_EVENTS,
+    PROTOCOL_VERSION,
+    ROOT_BRANCH,
+    EndEvent,
+    Event,
+    ForkEvent,
+    Outcome,
+    ToolEndEvent,
+    ToolStartEvent,
+)
 
 RawEvent: TypeAlias = JsonValue
 """An event as received: validated one by one, after the envelope."""
-
-
-class Outcome(StrEnum):
-    ACCEPTED = "accepted"
-    CLIPPED = "clipped"
-    REJECTED = "rejected"
 
 
 def _required_id(kind: str, name: str, value: object) -> str:
@@ -185,6 +185,17 @@ class ControlRequest(BaseModel):
             return data
         sid, events = _check_request(data)
         return {"v": PROTOCOL_VERSION, "sid": sid, "events": events}
+
+
+def to_event(event: ControlEvent) -> Event:
+    """The plain form of a validated event, as the policy and the prefetcher read it."""
+    if isinstance(event, ToolStart):
+        return ToolStartEvent(tool=event.tool, br=event.br, eta=event.eta)
+    if isinstance(event, ToolEnd):
+        return ToolEndEvent(br=event.br)
+    if isinstance(event, Fork):
+        return ForkEvent(children=tuple(event.children), parent=event.parent)
+    return EndEvent(br=event.br)
 
 
 def _parse_event(raw: object) -> ControlEvent | HintError:

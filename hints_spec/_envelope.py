@@ -19,7 +19,8 @@ from typing import Final, NamedTuple
 
 from ._body import parse_body
 from ._errors import HintError, HintErrorCode
-from ._model import MAX_ID_LENGTH, AgentHints, check_optional_id
+from ._model import AgentHints, check_optional_id
+from .core import MAX_ID_LENGTH
 
 __all__ = [
     "KV_HINTS_ACTION_TYPE",

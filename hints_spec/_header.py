@@ -15,7 +15,8 @@ from decimal import Decimal
 import http_sf
 
 from ._errors import HintError, HintErrorCode
-from ._model import DEFAULT_PRIO, MAX_HEADER_BYTES, AgentHints, build_hints
+from ._model import AgentHints, build_hints
+from .core import DEFAULT_PRIO, MAX_HEADER_BYTES
 
 _KEY = r"[a-z*][a-z0-9_.*-]*"
 _VALUE = (

@@ -16,22 +16,17 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ._errors import HintError, HintErrorCode
+from .core import (
+    DEFAULT_PRIO,
+    MAX_ID_LENGTH,
+    MAX_MEMBERS,
+    MAX_PRIO,
+    MAX_SECONDS,
+    PROTOCOL_VERSION,
+    ROOT_BRANCH,
+)
 
-HEADER_NAME: Final = "Agent-Hints"
-BODY_FIELD: Final = "agent_hints"
-CONTROL_PATH: Final = "/v1/agent-hints/events"
-PROTOCOL_VERSION: Final = 1
-USER_TOOL: Final = "user"
-"""The ``tool`` of a ``tool_start`` whose branch waits on its user (Section 6.3)."""
-
-MAX_ID_LENGTH: Final = 128
 ID_PATTERN: Final = rf"[A-Za-z0-9._:~/-]{{1,{MAX_ID_LENGTH}}}"
-MAX_HEADER_BYTES: Final = 1024
-MAX_MEMBERS: Final = 32
-MAX_SECONDS: Final = 86400
-MAX_PRIO: Final = 7
-DEFAULT_PRIO: Final = 3
-ROOT_BRANCH: Final = "root"  # the branch a request names by omitting br
 
 _ID_MATCH = re.compile(ID_PATTERN).fullmatch
 

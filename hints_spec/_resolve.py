@@ -8,7 +8,8 @@ from ._body import parse_body
 from ._errors import HintError
 from ._header import parse_header
 from ._interop import from_interop, merge_hints
-from ._model import BODY_FIELD, HEADER_NAME, AgentHints
+from ._model import AgentHints
+from .core import BODY_FIELD, HEADER_NAME
 
 __all__ = ["resolve_hints"]
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ._model import BODY_FIELD, AgentHints
+from ._model import AgentHints
+from .core import BODY_FIELD
 
 
 def to_vllm_fields(hints: AgentHints) -> dict[str, object]:

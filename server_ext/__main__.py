@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import functools
 import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from ._config import RETENTION_MODES, ExtensionConfigError
+from ._config import RETENTION_MODES, ExtensionConfig, ExtensionConfigError, flag
 from ._launcher import VllmArgsError, byte_size, extension_env, vllm_command
 from .tier import DEFAULT_TIER, TIER_KINDS, TierConfigError
 
@@ -50,29 +52,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         allow_abbrev=False,
     )
     serve.add_argument("model")
-    serve.add_argument("--max-held-fraction", type=float, help="cap on retained blocks (of pool)")
-    serve.add_argument("--max-tenant-fraction", type=float, help="per-tenant cap (of the cap)")
-    serve.add_argument("--ttl-cap", type=float, dest="ttl_cap_s", help="longest retention (s)")
-    serve.add_argument("--default-ttl", type=float, dest="default_ttl_s")
-    serve.add_argument(
-        "--retention",
-        choices=RETENTION_MODES,
-        help="by eviction order (default: blocks stay in vLLM's free queue) or by held references",
-    )
-    serve.add_argument(
-        "--order-trial",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="retention by eviction order applies only while its books show it pays, plain "
-        "LRU otherwise (default: on; --no-order-trial: it always applies)",
-    )
-    serve.add_argument(
-        "--headroom",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="admit a waiting request only where the running ones keep room to finish their "
-        "prompts and write their next block (default: on; --no-headroom: vLLM's admission)",
-    )
+    for setting in dataclasses.fields(ExtensionConfig):
+        _add_setting(serve, setting)
     serve.add_argument(
         "--tier",
         choices=TIER_KINDS,
@@ -85,72 +66,28 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="host tier budget, all workers together: bytes, or 8GiB, 512MiB, 8G (as vLLM "
         "reads sizes), 1e9 (default: 1GiB)",
     )
-    serve.add_argument("--tenant-header", help="tenant header set by a trusted gateway")
-    serve.add_argument(
-        "--tenant-header-peers",
-        help="comma-separated addresses or CIDR networks trusted to set --tenant-header "
-        "(default: loopback)",
-    )
-    serve.add_argument(
-        "--gateway-secret-header",
-        help="header in which the gateway presents the secret of $AGENT_HINTS_GATEWAY_SECRET",
-    )
-    serve.add_argument(
-        "--salt-per-tenant",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="prefix the tenant to every request's cache_salt (default: on)",
-    )
-    serve.add_argument(
-        "--admission-trial",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="warm-first admission tries itself out online and steps back where it does "
-        "not pay (default: on; --no-admission-trial: it always applies)",
-    )
-    serve.add_argument(
-        "--control-rate",
-        type=float,
-        help="control-endpoint requests per second per tenant (0: unlimited)",
-    )
-    serve.add_argument(
-        "--state-metrics",
-        action="store_true",
-        default=None,
-        help="export the retention counters that reveal whether a session exists",
-    )
-    serve.add_argument(
-        "--prefetch", action="store_true", default=None, help="warm idle branches before return"
-    )
-    serve.add_argument(
-        "--prefetch-min-accuracy",
-        type=float,
-        help="share of recent warm-ups that must pay off for warm-ups to evict (0: always)",
-    )
-    serve.add_argument(
-        "--max-defer",
-        type=float,
-        dest="max_defer_s",
-        help="warm-first admission: longest a cold prefill waits for cheaper ones "
-        "(s; default 0: off)",
-    )
-    serve.add_argument(
-        "--defer-lookahead",
-        type=float,
-        dest="defer_lookahead_s",
-        help="warm-first admission: a cold prefill waits for a branch due back before it "
-        "would be done, and within this (s, 0: never)",
-    )
-    serve.add_argument(
-        "--gap-hint-weight",
-        type=float,
-        dest="gap_hint_weight",
-        help="observed gaps a client's gap hint counts for against learned ones",
-    )
     serve.add_argument("--print-command", action="store_true", help="print the argv and exit")
     make = commands.add_parser("make-test-model", help="write the tiny test checkpoint")
     make.add_argument("directory")
     return parser, serve
+
+
+def _add_setting(serve: argparse.ArgumentParser, setting: dataclasses.Field[Any]) -> None:
+    """The flag of one ``ExtensionConfig`` setting (None: unset, so the
+    setting keeps its default or the value a ``--kv-transfer-config`` gives)."""
+    help = setting.metadata["help"]
+    name, default = flag(setting.name), setting.default
+    if setting.name == "retention":
+        serve.add_argument(name, dest=setting.name, choices=RETENTION_MODES, help=help)
+    elif default is True:
+        action = argparse.BooleanOptionalAction
+        serve.add_argument(name, dest=setting.name, action=action, default=None, help=help)
+    elif default is False:
+        serve.add_argument(name, dest=setting.name, action="store_true", default=None, help=help)
+    elif isinstance(default, float):
+        serve.add_argument(name, dest=setting.name, type=float, help=help)
+    else:
+        serve.add_argument(name, dest=setting.name, help=help)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,6 +37,7 @@ __all__ = [
     "ExtensionConfig",
     "ExtensionConfigError",
     "extension_extra",
+    "flag",
 ]
 
 CONNECTOR_NAME = "AgentHintsConnector"
@@ -92,13 +93,27 @@ decides which free block goes next (they cannot take room from any request),
 ``hold`` takes a block reference and gives it back under pressure."""
 
 
+def setting(default: Any, help: str) -> Any:
+    """One setting of ``ExtensionConfig``: its default and the one line that
+    ``python -m server_ext serve --help`` shows for its flag (``flag``)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def flag(name: str) -> str:
+    """The command-line flag of setting ``name``: dashes, and no unit suffix
+    (``ttl_cap_s``: ``--ttl-cap``)."""
+    return "--" + name.removesuffix("_s").replace("_", "-")
+
+
 class ExtensionConfigError(ValueError):
     """An invalid ``kv_connector_extra_config`` entry; the message names the key."""
 
 
 @dataclass(frozen=True, slots=True)
 class ExtensionConfig:
-    """Operator knobs of the extension.
+    """Operator knobs of the extension: each is declared once, here (its
+    ``setting``), and becomes a ``kv_connector_extra_config`` key of its name
+    and a flag of ``python -m server_ext serve`` (``flag``).
 
     Args:
         retention: ``RETENTION_MODES``: by eviction order (the default) or by
@@ -160,25 +175,63 @@ class ExtensionConfig:
             that filled the pool. False: vLLM's own admission.
     """
 
-    retention: str = "order"
-    order_trial: bool = True
-    max_held_fraction: float = 0.5
-    max_tenant_fraction: float = 0.5
-    ttl_cap_s: float = 600.0
-    default_ttl_s: float = 60.0
-    tenant_header: str | None = None
-    tenant_header_peers: str | None = None
-    gateway_secret_header: str | None = None
-    salt_per_tenant: bool = True
-    control_rate: float = 100.0
-    state_metrics: bool = False
-    prefetch: bool = False
-    prefetch_min_accuracy: float = _POLICY.prefetch_min_accuracy
-    max_defer_s: float = 0.0
-    defer_lookahead_s: float = _ADMISSION.lookahead_s
-    admission_trial: bool = True
-    gap_hint_weight: float = _ESTIMATOR.hint_weight
-    headroom: bool = True
+    retention: str = setting(
+        "order",
+        "by eviction order (default: blocks stay in vLLM's free queue) or by held references",
+    )
+    order_trial: bool = setting(
+        True,
+        "retention by eviction order applies only while its books show it pays, plain "
+        "LRU otherwise (default: on; --no-order-trial: it always applies)",
+    )
+    max_held_fraction: float = setting(0.5, "cap on retained blocks (of pool)")
+    max_tenant_fraction: float = setting(0.5, "per-tenant cap (of the cap)")
+    ttl_cap_s: float = setting(600.0, "longest retention (s)")
+    default_ttl_s: float = setting(60.0, "longest retention without a gap or ttl hint (s)")
+    tenant_header: str | None = setting(None, "tenant header set by a trusted gateway")
+    tenant_header_peers: str | None = setting(
+        None,
+        "comma-separated addresses or CIDR networks trusted to set --tenant-header "
+        "(default: loopback)",
+    )
+    gateway_secret_header: str | None = setting(
+        None, "header in which the gateway presents the secret of $AGENT_HINTS_GATEWAY_SECRET"
+    )
+    salt_per_tenant: bool = setting(
+        True, "prefix the tenant to every request's cache_salt (default: on)"
+    )
+    control_rate: float = setting(
+        100.0, "control-endpoint requests per second per tenant (0: unlimited)"
+    )
+    state_metrics: bool = setting(
+        False, "export the retention counters that reveal whether a session exists"
+    )
+    prefetch: bool = setting(False, "warm idle branches before return")
+    prefetch_min_accuracy: float = setting(
+        _POLICY.prefetch_min_accuracy,
+        "share of recent warm-ups that must pay off for warm-ups to evict (0: always)",
+    )
+    max_defer_s: float = setting(
+        0.0, "warm-first admission: longest a cold prefill waits for cheaper ones (s; 0: off)"
+    )
+    defer_lookahead_s: float = setting(
+        _ADMISSION.lookahead_s,
+        "warm-first admission: a cold prefill waits for a branch due back before it "
+        "would be done, and within this (s, 0: never)",
+    )
+    admission_trial: bool = setting(
+        True,
+        "warm-first admission tries itself out online and steps back where it does "
+        "not pay (default: on; --no-admission-trial: it always applies)",
+    )
+    gap_hint_weight: float = setting(
+        _ESTIMATOR.hint_weight, "observed gaps a client's gap hint counts for against learned ones"
+    )
+    headroom: bool = setting(
+        True,
+        "admit a waiting request only where the running ones keep room to finish their "
+        "prompts and write their next block (default: on; --no-headroom: vLLM's admission)",
+    )
 
     @classmethod
     def from_mapping(cls, extra: Mapping[str, object] | None) -> ExtensionConfig:

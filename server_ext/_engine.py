@@ -24,16 +24,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
 
-from hints_spec import BODY_FIELD, AgentHints, HintError, parse_body, to_vllm_fields
+from hints_spec import BODY_FIELD, ROOT_BRANCH, AgentHints, HintError, parse_body, to_vllm_fields
 
 from .policy import (
-    ROOT,
     Action,
     AdmissionTrial,
     BranchHints,
     BranchKey,
-    ControlEvent,
     EndEvent,
+    Event,
     ForkEvent,
     Hold,
     Outcome,
@@ -218,7 +217,7 @@ class _Unknown:
 _UNKNOWN = _Unknown()
 
 
-def _control_event(raw: Mapping[str, Any]) -> ControlEvent | None:
+def _control_event(raw: Mapping[str, Any]) -> Event | None:
     kind = raw.get("type")
     if kind == "tool_start":
         return ToolStartEvent(tool=raw["tool"], br=raw.get("br"), eta=raw.get("eta"))
@@ -346,7 +345,7 @@ class EngineRetention:
             return False
         hints = read.hints
         assert hints.sid is not None  # read_hint_params' promise
-        key = entry.key = BranchKey(read.tenant, hints.sid, hints.br or ROOT)
+        key = entry.key = BranchKey(read.tenant, hints.sid, hints.br or ROOT_BRANCH)
         entry.hints = BranchHints(
             gap=hints.gap, ttl=hints.ttl, end=hints.end, prio=hints.prio, pbr=hints.pbr
         )
@@ -456,7 +455,7 @@ class EngineRetention:
         if key is None or hints is None or entry.obsolete:
             return
         if hints.end:
-            self._obsolete_warmups(key, session=key.br == ROOT)
+            self._obsolete_warmups(key, session=key.br == ROOT_BRANCH)
         # The engine cannot see tool calls (parsing is API-side); a request that
         # names a session announces that the session continues, so it counts as
         # one that expects a return unless it says ``end``.
@@ -477,10 +476,10 @@ class EngineRetention:
                 outcomes.append(Outcome.REJECTED)
                 continue
             if isinstance(event, EndEvent):
-                ended = BranchKey(tenant, sid, event.br or ROOT)
-                self._obsolete_warmups(ended, session=ended.br == ROOT)
+                ended = BranchKey(tenant, sid, event.br or ROOT_BRANCH)
+                self._obsolete_warmups(ended, session=ended.br == ROOT_BRANCH)
             if learned and isinstance(event, ToolStartEvent):
-                key = BranchKey(tenant, sid, event.br or ROOT)
+                key = BranchKey(tenant, sid, event.br or ROOT_BRANCH)
                 decision = self.policy.on_response_tool(key, event.tool)
             else:
                 decision = self.policy.on_control(tenant, sid, event)
@@ -566,7 +565,7 @@ class EngineRetention:
             if (
                 entry.warmup
                 and k is not None
-                and (k == key or (session and k.sibling(ROOT) == key))
+                and (k == key or (session and k.sibling(ROOT_BRANCH) == key))
             ):
                 entry.obsolete = True
 

@@ -53,6 +53,7 @@ from hints_spec import (
     BODY_FIELD,
     CONTROL_PATH,
     HEADER_NAME,
+    ROOT_BRANCH,
     SESSION_HEADER,
     ControlResponse,
     EventResult,
@@ -70,7 +71,7 @@ from ._routing import RANK_HEADER, SessionRanks
 from ._tenant import DEFAULT_TENANT, Tenancy, TenantRefused
 from ._tools import ToolCallNames
 from ._vllm import ApiKeys, connector_config, send_control
-from .policy import ROOT, BranchKey, GapEstimator, PrefetchPlanner
+from .policy import BranchKey, GapEstimator, PrefetchPlanner
 
 __all__ = ["INFERENCE_PATHS", "AgentHintsMiddleware"]
 
@@ -319,7 +320,9 @@ class AgentHintsMiddleware:
                 payload["cache_salt"] = f"{tenant}/{client_salt}" if client_salt else tenant
                 changed = True
         if hints is not None and hints.sid is not None and tenant is not None:
-            branch = Branch(BranchKey(tenant, hints.sid, hints.br or ROOT), hints.gap, hints.end)
+            branch = Branch(
+                BranchKey(tenant, hints.sid, hints.br or ROOT_BRANCH), hints.gap, hints.end
+            )
             payload.setdefault("session_id", hints.sid)
             if not isinstance(transfer, dict):
                 transfer = payload["kv_transfer_params"] = {}

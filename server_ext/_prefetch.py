@@ -31,10 +31,10 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from hints_spec import USER_TOOL, End, ToolEnd, ToolStart
+from hints_spec import ROOT_BRANCH, USER_TOOL, End, ToolEnd, ToolStart
 
 from ._engine import PREFETCH_KEY, read_hint_params
-from .policy import ROOT, BranchKey, PrefetchPlanner
+from .policy import BranchKey, PrefetchPlanner
 
 __all__ = ["ASGIApp", "Branch", "Message", "Prefetcher", "Receive", "Scope", "Send", "replay_body"]
 
@@ -201,14 +201,14 @@ class Prefetcher:
                 # A wait on a human is not warmed: its length is a guess (often
                 # the session is over), and a warm-up at the guess would evict
                 # branches whose tools are due back. A tier brings it back.
-                key = BranchKey(tenant, sid, event.br or ROOT)
+                key = BranchKey(tenant, sid, event.br or ROOT_BRANCH)
                 self.planner.tool_start(
                     key, eta=event.eta, tool=event.tool, warm=event.tool != USER_TOOL
                 )
             elif isinstance(event, ToolEnd):
-                self.planner.tool_end(BranchKey(tenant, sid, event.br or ROOT))
+                self.planner.tool_end(BranchKey(tenant, sid, event.br or ROOT_BRANCH))
             elif isinstance(event, End):
-                self._ended(BranchKey(tenant, sid, event.br or ROOT))
+                self._ended(BranchKey(tenant, sid, event.br or ROOT_BRANCH))
 
     async def aclose(self) -> None:
         """Stop the background task (tests; a server just exits)."""
@@ -331,9 +331,9 @@ class Prefetcher:
     def _ended(self, key: BranchKey) -> None:
         """``key`` ended (its whole session on the root branch)."""
         self.planner.ended(key)
-        session = key.br == ROOT
-        self._cancel_warmup(lambda k: k == key or (session and k.sibling(ROOT) == key))
-        if key.br != ROOT:
+        session = key.br == ROOT_BRANCH
+        self._cancel_warmup(lambda k: k == key or (session and k.sibling(ROOT_BRANCH) == key))
+        if key.br != ROOT_BRANCH:
             self._forget(key)
             return
         for k in [k for k in self._last if (k.tenant, k.sid) == (key.tenant, key.sid)]:

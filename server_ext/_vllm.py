@@ -793,7 +793,7 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
             payoff=TierPayoff(trial=self._tier_config.trial),
         )
 
-    def _contained(self, what: str) -> None:
+    def _tier_fault(self, what: str) -> None:
         logger.exception("agent-hints tier: %s failed; serving without the tier", what)
         if self._retention is not None:
             self._retention.faults += 1
@@ -995,7 +995,7 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
                     num_computed_tokens,
                 )  # fmt: skip
             except Exception:
-                self._contained("lookup")
+                self._tier_fault("lookup")
         if self._shelf is not None and self._retention is not None:
             # vLLM computes a prompt's last token whatever the cache holds.
             servable = (request.num_tokens - 1) // self._block_size
@@ -1025,7 +1025,7 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
                 block_ids = blocks.get_block_ids()[0]
                 self._planner.allocated(request.request_id, block_ids, num_external_tokens)
             except Exception:
-                self._contained("load planning")
+                self._tier_fault("load planning")
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         timer, busy = self._timer, self._timer.busy_s
@@ -1060,7 +1060,7 @@ class AgentHintsConnector(KVConnectorBase_V1, SupportsHMA):
             ]
             return AgentHintsMetadata(self._planner.step(progress))
         except Exception:
-            self._contained("save planning")
+            self._tier_fault("save planning")
             # The step's planned loads cannot reach the worker: report them
             # failed, so vLLM recomputes those blocks.
             return AgentHintsMetadata(self._planner.abandon())

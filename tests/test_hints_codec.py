@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import pickle
 import re
@@ -38,11 +39,20 @@ from hints_spec import (
     parse_control,
     parse_header,
     serialize_header,
+    to_event,
     to_vllm_fields,
 )
 from hints_spec._header import _fast_members
-from hints_spec._model import ID_PATTERN, MAX_MEMBERS, MAX_SECONDS, build_hints
+from hints_spec._model import ID_PATTERN, build_hints
 from hints_spec._vectors import load_cases
+from hints_spec.core import (
+    MAX_MEMBERS,
+    MAX_SECONDS,
+    EndEvent,
+    ForkEvent,
+    ToolEndEvent,
+    ToolStartEvent,
+)
 
 PACKAGE = Path(hints_spec.__file__).parent
 TYPICAL = 'v=1, sid="sess-42", br="root", gap=12.5, ttl=600'
@@ -56,7 +66,8 @@ def test_public_api_is_exactly_the_contract() -> None:
             "parse_header", "serialize_header", "combine_field_lines", "parse_body", "Outcome",
             "ToolStart",
             "ToolEnd", "Fork", "End", "ControlEvent", "ControlRequest", "parse_control",
-            "EventResult", "ControlResponse", "to_vllm_fields", "from_interop", "merge_hints",
+            "EventResult", "ControlResponse", "to_event", "to_vllm_fields", "from_interop",
+            "merge_hints",
             "resolve_hints", "ROOT_BRANCH", "MAX_ID_LENGTH", "MAX_SECONDS", "MAX_EVENTS",
             "MAX_CHILDREN", "ID_PATTERN",
             # vLLM's hint envelope (SPEC 5.2)
@@ -80,6 +91,38 @@ def test_public_api_is_exactly_the_contract() -> None:
         hints_spec.MAX_CHILDREN,
     )
     assert limits == ("root", 128, 86400, 64, 64)
+
+
+def test_the_core_imports_only_the_standard_library() -> None:
+    """The policy, simulators and benchmarks read ``hints_spec.core``: no codec under it."""
+    tree = ast.parse((PACKAGE / "core.py").read_text())
+    modules = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert modules <= {"__future__", "dataclasses", "enum", "typing"}, modules
+
+
+def test_a_parsed_event_lowers_to_its_plain_form() -> None:
+    _, events = parse_control(
+        {
+            "sid": "s",
+            "events": [
+                {"type": "tool_start", "tool": "t", "br": "b", "eta": 2},
+                {"type": "tool_end", "br": "b"},
+                {"type": "fork", "children": ["c1", "c2"]},
+                {"type": "end"},
+            ],
+        }
+    )
+    assert [to_event(e) for e in events if not isinstance(e, HintError)] == [
+        ToolStartEvent(tool="t", br="b", eta=2.0),
+        ToolEndEvent(br="b"),
+        ForkEvent(children=("c1", "c2")),
+        EndEvent(),
+    ]
 
 
 def test_hint_error_carries_code_and_message_and_pickles() -> None:

@@ -17,8 +17,8 @@ from server_ext.policy import (
     Action,
     BranchHints,
     BranchKey,
-    ControlEvent,
     EndEvent,
+    Event,
     ForkEvent,
     Hold,
     PolicyConfig,
@@ -45,7 +45,7 @@ HINTS = st.builds(
     pbr=MAYBE_BRANCH,
     tool=st.none() | st.sampled_from(["bash", "grep"]),
 )
-EVENTS: st.SearchStrategy[ControlEvent] = st.one_of(
+EVENTS: st.SearchStrategy[Event] = st.one_of(
     st.builds(
         ToolStartEvent,
         tool=st.sampled_from(["bash", "grep"]),
@@ -121,7 +121,7 @@ class PolicyMachine(RuleBasedStateMachine):
         assert self.policy.retention(key) is None
 
     @rule(data=st.data(), event=EVENTS)
-    def control(self, data: st.DataObject, event: ControlEvent) -> None:
+    def control(self, data: st.DataObject, event: Event) -> None:
         tenant, sid = (key := self.pick_key(data)).tenant, key.sid
         others = {k: n for k, n in self.holds.items() if n and k[0].tenant != tenant}
         self.apply(self.policy.on_control(tenant, sid, event).actions)

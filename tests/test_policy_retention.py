@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from hints_spec import ROOT_BRANCH
 from server_ext.policy import (
-    ROOT,
     Action,
     BranchHints,
     BranchKey,
@@ -156,7 +156,7 @@ def test_end_on_root_releases_the_session() -> None:
     retain(p, key=ROOT_A.sibling("a"), blocks=(5,))
     retain(p, key=BranchKey("A", "other"), blocks=(6,))
     d = p.on_request_finished(ROOT_A, BLOCKS, BranchHints(end=True), False, now=1.0)
-    assert {a.key.br for a in d.actions} == {ROOT, "a"}
+    assert {a.key.br for a in d.actions} == {ROOT_BRANCH, "a"}
     assert all(isinstance(a, Release) and a.reason is ReleaseReason.END for a in d.actions)
     assert p.retained_branches == 1
 
@@ -173,7 +173,7 @@ def test_tenant_cannot_touch_another_tenants_session() -> None:
     p = policy()
     retain(p)
     assert p.on_control("B", "s1", EndEvent(), now=1.0).actions == []
-    assert p.on_control("B", "s1", EndEvent(br=ROOT), now=1.0).actions == []
+    assert p.on_control("B", "s1", EndEvent(br=ROOT_BRANCH), now=1.0).actions == []
     d = p.on_control("B", "s1", ToolStartEvent(tool="x", eta=500.0), now=1.0)
     assert (d.outcome, d.reason) == (Outcome.REJECTED, Reason.UNKNOWN_BRANCH)
     assert p.on_control("B", "s1", ForkEvent(children=("a",)), now=1.0).outcome is Outcome.REJECTED
@@ -211,7 +211,7 @@ def test_child_request_with_pbr_registers_on_parent() -> None:
     p = policy()
     retain(p, gap=2.0)
     child = ROOT_A.sibling("a")
-    retain(p, key=child, now=1.0, blocks=(*BLOCKS, 9), gap=3.0, pbr=ROOT)
+    retain(p, key=child, now=1.0, blocks=(*BLOCKS, 9), gap=3.0, pbr=ROOT_BRANCH)
     parent = p.retention(ROOT_A)
     assert parent is not None and parent.children == {"a"}
     assert p.on_request_started(child, now=5.0)  # child returned: still live

@@ -6,20 +6,22 @@ hold across tool gaps and when to let them go; an adapter applies its
 engine core, in unit tests with a fake clock, and in simulators.
 ``PrefetchPlanner`` plans when to bring an idle branch's KV back before it
 returns, from the same gap estimates; ``WarmFirstGate`` lets a mostly cached
-request be admitted before a long cold prefill.
+request be admitted before a long cold prefill. The lifecycle events and
+``Outcome`` are the protocol's plain ones (``hints_spec.core``), re-exported.
 """
 
-from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
+from hints_spec.core import EndEvent, Event, ForkEvent, Outcome, ToolEndEvent, ToolStartEvent
+
+from ._actions import Action, Decision, Hold, Reason, Release, ReleaseReason
 from ._admission import AdmissionConfig, AdmissionTrial, StepTimer, WarmFirstGate
 from ._config import EstimatorConfig, PolicyConfig
 from ._estimator import GapEstimator, Prediction, ReturnPlan, median_given_elapsed
-from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent, ToolStartEvent
-from ._keys import ROOT, BranchHints, BranchKey
+from ._keys import BranchHints, BranchKey
 from ._payoff import Payoff
 from ._planner import Plan, PlannerStats, PrefetchPlanner
 from ._policy import (
-    MAX_CHILDREN,
     MAX_DROPS,
+    MAX_LIVE_FORKS,
     MAX_ROOM_CALLS,
     PolicyStats,
     RetentionPolicy,
@@ -27,19 +29,18 @@ from ._policy import (
 from ._retention import Retention
 
 __all__ = [
-    "MAX_CHILDREN",
     "MAX_DROPS",
+    "MAX_LIVE_FORKS",
     "MAX_ROOM_CALLS",
-    "ROOT",
     "Action",
     "AdmissionConfig",
     "AdmissionTrial",
     "BranchHints",
     "BranchKey",
-    "ControlEvent",
     "Decision",
     "EndEvent",
     "EstimatorConfig",
+    "Event",
     "ForkEvent",
     "GapEstimator",
     "Hold",

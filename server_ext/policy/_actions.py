@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from hints_spec.core import Outcome
+
 from ._keys import BranchKey
 
 
@@ -18,14 +20,6 @@ class ReleaseReason(StrEnum):
     REPLACED = "replaced"
     RETURNED = "returned"
     RESET = "reset"
-
-
-class Outcome(StrEnum):
-    """Per-hint outcome; same values as ``hints_spec.Outcome``."""
-
-    ACCEPTED = "accepted"
-    CLIPPED = "clipped"
-    REJECTED = "rejected"
 
 
 class Reason(StrEnum):

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-ROOT = "root"
-"""Branch id of a session's main line (a request without ``br``)."""
+from hints_spec.core import DEFAULT_PRIO, ROOT_BRANCH
 
 
 class BranchKey(NamedTuple):
@@ -19,7 +18,7 @@ class BranchKey(NamedTuple):
 
     tenant: str
     sid: str
-    br: str = ROOT
+    br: str = ROOT_BRANCH
 
     def sibling(self, br: str) -> BranchKey:
         """Another branch of the same session."""
@@ -45,6 +44,6 @@ class BranchHints:
     gap: float | None = None
     ttl: int | None = None
     end: bool = False
-    prio: int = 3
+    prio: int = DEFAULT_PRIO
     pbr: str | None = None
     tool: str | None = None

@@ -9,8 +9,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hints_spec.core import ROOT_BRANCH
+
 from ._estimator import GapEstimator
-from ._keys import ROOT, BranchKey
+from ._keys import BranchKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +247,7 @@ class PrefetchPlanner:
 
     def ended(self, key: BranchKey) -> None:
         """``key`` ended (its whole session on the root branch): stop planning."""
-        if key.br != ROOT:
+        if key.br != ROOT_BRANCH:
             self._forget(key)
             return
         for br in list(self._sessions.get((key.tenant, key.sid), ())):

@@ -10,18 +10,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ._actions import Action, Decision, Hold, Outcome, Reason, Release, ReleaseReason
+from hints_spec.core import ROOT_BRANCH, EndEvent, Event, ForkEvent, Outcome, ToolEndEvent
+
+from ._actions import Action, Decision, Hold, Reason, Release, ReleaseReason
 from ._config import PolicyConfig
 from ._estimator import MIN_GAP_S, GapEstimator, ReturnPlan
-from ._events import ControlEvent, EndEvent, ForkEvent, ToolEndEvent
 from ._heap import IndexedHeap
-from ._keys import ROOT, BranchHints, BranchKey
+from ._keys import BranchHints, BranchKey
 from ._ledger import BlockLedger
 from ._order import DueIndex, Rank, VictimOrder, victim_rank
 from ._retention import Retention
 
-MAX_CHILDREN = 256
-"""Live forks one retention tracks; bounds the state a tenant can create."""
+MAX_LIVE_FORKS = 256
+"""Live forks one retention tracks (over all fork events); bounds the state a
+tenant can create. Not the protocol's ``MAX_CHILDREN``, a cap per fork event."""
 
 _RERANKS_PER_CALL = 4
 """Branches re-ranked per call at most: a burst of them waits for later calls
@@ -267,7 +269,7 @@ class RetentionPolicy:
         """
         now = self._now(now)
         if hints.end:
-            return self._decide(self._end(key, key.br == ROOT, now))
+            return self._decide(self._end(key, key.br == ROOT_BRANCH, now))
         old = self._retentions.get(key)
         if old is not None and not block_ids and not departs:
             return self._decide([])
@@ -327,22 +329,20 @@ class RetentionPolicy:
 
     # Control events.
 
-    def on_control(
-        self, tenant: str, sid: str, event: ControlEvent, now: float | None = None
-    ) -> Decision:
+    def on_control(self, tenant: str, sid: str, event: Event, now: float | None = None) -> Decision:
         """Apply one control event of ``tenant``'s session ``sid``."""
         now = self._now(now)
         if isinstance(event, EndEvent):
-            key = BranchKey(tenant, sid, event.br or ROOT)
-            return self._decide(self._end(key, key.br == ROOT, now))
+            key = BranchKey(tenant, sid, event.br or ROOT_BRANCH)
+            return self._decide(self._end(key, key.br == ROOT_BRANCH, now))
         if isinstance(event, ForkEvent):
-            r = self._retentions.get(BranchKey(tenant, sid, event.parent or ROOT))
+            r = self._retentions.get(BranchKey(tenant, sid, event.parent or ROOT_BRANCH))
             if r is None:
                 return self._decide([], Outcome.REJECTED, Reason.UNKNOWN_BRANCH)
             if not self._add_children(r, event.children):
                 return self._decide([], Outcome.CLIPPED, Reason.TOO_MANY_CHILDREN)
             return self._decide([])
-        key = BranchKey(tenant, sid, event.br or ROOT)
+        key = BranchKey(tenant, sid, event.br or ROOT_BRANCH)
         if isinstance(event, ToolEndEvent):
             r, departed = self._retentions.get(key), self._pending.get(key)
             plan = ReturnPlan(now, 0.0)
@@ -700,7 +700,7 @@ class RetentionPolicy:
         """Register live forks of ``r``; False if some did not fit."""
         for child in children:
             if child != r.key.br and child not in r.children:
-                if len(r.children) >= MAX_CHILDREN:
+                if len(r.children) >= MAX_LIVE_FORKS:
                     return False
                 r.children.add(child)
         self._schedule(r)
