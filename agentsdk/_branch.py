@@ -17,9 +17,7 @@ by accident, and ``RunConfig.max_fork_depth`` / ``max_model_calls`` bound it whe
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +32,6 @@ from pydantic import BaseModel
 
 from hints_spec import (
     MAX_CHILDREN,
-    MAX_ID_LENGTH,
     ROOT_BRANCH,
     ControlEvent,
     End,
@@ -67,7 +64,7 @@ from ._items import (
 from ._latency import LatencyEstimator
 from ._model import ModelClient, create_completion
 from ._result import RunResult
-from ._scope import hint_scope
+from ._scope import branch_slug, child_branch, hint_scope
 from ._session import Session
 from ._stream import (
     AgentEndEvent,
@@ -133,7 +130,6 @@ __all__ = [
 
 DEFAULT_MAX_TURNS = 10
 
-_SLUG = re.compile(r"[^A-Za-z0-9._~-]+")
 # Errors that end the whole run rather than becoming a tool message for the model.
 _FATAL = (RunLimitExceeded, UserError)
 
@@ -155,17 +151,10 @@ class RunEnv:
     _forks: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def new_branch(self, parent: str, agent_name: str) -> str:
-        """A deterministic child id: ``{parent}/{agent}-{n}``, n counting from 1 per parent.
-
-        Ids past the protocol's 128 characters (deep nesting) keep their last segment and
-        a digest of the full path, so they stay unique and reproducible.
-        """
-        slug = _SLUG.sub("-", agent_name).strip("-")[:48] or "agent"
+        """A deterministic child id (``child_branch``), n counting from 1 per parent."""
+        slug = branch_slug(agent_name)
         n = self._forks[parent, slug] = self._forks.get((parent, slug), 0) + 1
-        branch = f"{parent}/{slug}-{n}"
-        if len(branch) > MAX_ID_LENGTH:
-            branch = f"{slug}-{n}~{hashlib.sha256(branch.encode()).hexdigest()[:32]}"
-        return branch
+        return child_branch(parent, slug, n)
 
     def count_call(self) -> None:
         """One more model call of the run; raises once ``max_model_calls`` are spent."""

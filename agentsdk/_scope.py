@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import TracebackType
 
-from hints_spec import AgentHints, HintError, HintErrorCode, parse_body, serialize_header
+from hints_spec import (
+    MAX_ID_LENGTH,
+    AgentHints,
+    HintError,
+    HintErrorCode,
+    parse_body,
+    serialize_header,
+)
 
 from ._errors import UserError
 from ._sentinel import UNSET, Unset
@@ -27,7 +35,9 @@ __all__ = [
     "ResolvedScope",
     "SendWatch",
     "active_scope",
+    "branch_slug",
     "check_session_id",
+    "child_branch",
     "current_hints",
     "hint_scope",
     "note_sent",
@@ -45,6 +55,7 @@ _KEYS: Mapping[str, str] = {
     "prio": "prio",
 }
 _BODY_KEYS = tuple(_KEYS.values())
+_SLUG = re.compile(r"[^A-Za-z0-9._~-]+")
 _POSITION = {arg: index for index, arg in enumerate(_KEYS)}
 
 _ADVICE: Mapping[HintErrorCode, str] = {
@@ -86,6 +97,23 @@ def check_session_id(session_id: object, where: str) -> str:
         f"{where}: session id {session_id!r:.80} is not a protocol session id: use 1-128"
         " characters from A-Z a-z 0-9 . _ : ~ / -"
     )
+
+
+def branch_slug(agent_name: str) -> str:
+    """``agent_name`` as it appears in branch ids (children are counted per slug)."""
+    return _SLUG.sub("-", agent_name).strip("-")[:48] or "agent"
+
+
+def child_branch(parent: str, slug: str, n: int) -> str:
+    """The id of ``parent``'s ``n``-th child of ``slug`` (``branch_slug``): ``{parent}/{slug}-{n}``.
+
+    Ids past the protocol's 128 characters (deep nesting) keep their last segment and a
+    digest of the full path, so they stay unique and reproducible.
+    """
+    branch = f"{parent}/{slug}-{n}"
+    if len(branch) > MAX_ID_LENGTH:
+        branch = f"{slug}-{n}~{hashlib.sha256(branch.encode()).hexdigest()[:32]}"
+    return branch
 
 
 def session_id_for(conversation: str) -> str:

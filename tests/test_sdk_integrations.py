@@ -275,7 +275,7 @@ def _linter(agents: Any, client: openai.AsyncOpenAI) -> Any:
     )
 
 
-async def test_hinted_runner_streams_and_finish_sends_the_last_word() -> None:
+async def test_hinted_runner_streams_and_sends_the_last_word_when_the_stream_completes() -> None:
     agents = pytest.importorskip("agents")
     from agentsdk.integrations.openai_agents import HintedRunner
 
@@ -283,18 +283,18 @@ async def test_hinted_runner_streams_and_finish_sends_the_last_word() -> None:
     server = FakeServer([chat_reply(tool="lint"), chat_reply("clean")])
     client = server.client()
     runner = HintedRunner(client)
-    stream = runner.run_streamed(_linter(agents, client), "lint it", conversation_id="conv-5")
+    session = agents.SQLiteSession("conv-5")
+    stream = runner.run_streamed(_linter(agents, client), "lint it", session=session)
     kinds = {event.type async for event in stream.stream_events()}
     assert stream.final_output == "clean" and "run_item_stream_event" in kinds
     assert {h["sid"] for h in server.hints()} == {"conv-5"}
-    await runner.finish(stream)
+    await runner.flush()  # no finish(stream) needed: the run's end sent the last word
     assert [(e["type"], e["tool"]) for e in server.events()] == [
         ("tool_start", "lint"),
         ("tool_end", "lint"),
-        ("tool_start", "user"),  # sent by finish: the conversation waits on its user
+        ("tool_start", "user"),  # the conversation waits on its user
     ]
-    with pytest.raises(UserError, match="finish: not a stream"):
-        await runner.finish(stream)  # once
+    await runner.finish(stream)  # still there, for closing the client right after
     await client.close()
 
 

@@ -1,0 +1,164 @@
+"""Each framework's adapter sends what ``agentsdk.Runner`` sends, against a recording
+HTTP server: the session, a branch per sub-agent with its parent, ``gap`` and the end on
+every request, a ``fork`` before a child's first request, for sync and async, streamed
+and not, with the real frameworks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agentsdk import HintedAsyncOpenAI
+
+from recording_server import RecordingServer, recording_server
+from sdk_calls import chat_reply
+
+pytestmark = pytest.mark.anyio
+
+Reply = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def call(name: str, **arguments: object) -> dict[str, Any]:
+    """A chat completion calling tool ``name`` with ``arguments``."""
+    reply = chat_reply(tool=name)
+    reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = json.dumps(arguments)
+    return reply
+
+
+def script(**by_system: list[dict[str, Any]]) -> Reply:
+    """Replies per agent (by its system prompt), one per tool result so far."""
+
+    def reply(body: dict[str, Any]) -> dict[str, Any]:
+        messages = body["messages"]
+        system = next((m["content"] for m in messages if m["role"] == "system"), "")
+        done = sum(m["role"] == "tool" for m in messages)
+        replies = by_system[system.rstrip(".")]
+        return replies[min(done, len(replies) - 1)]
+
+    return reply
+
+
+def timeline(server: RecordingServer) -> list[tuple[str, object]]:
+    """The wire in arrival order: ``("chat", (br, pbr))`` or ``("event", (type, br))``."""
+    out: list[tuple[str, object]] = []
+    for record in server.log:
+        if record.kind == "chat":
+            out.append(("chat", (record.hints["br"], record.hints["pbr"])))
+        else:
+            out += [("event", (e["type"], e.get("br"))) for e in record.body["events"]]
+    return out
+
+
+def assert_forks_first(server: RecordingServer) -> None:
+    """Every child branch's fork arrived before its first request."""
+    seen: set[object] = set()
+    for record in server.log:
+        if record.kind == "control":
+            seen |= {c for e in record.body["events"] if e["type"] == "fork" for c in e["children"]}
+        elif record.hints["br"] is not None:
+            assert record.hints["br"] in seen, f"{record.hints['br']} before its fork"
+
+
+# OpenAI Agents SDK
+
+
+def _oa_agents(agents: Any, client: HintedAsyncOpenAI) -> Any:
+    model = agents.OpenAIChatCompletionsModel(model="tiny", openai_client=client)
+
+    @agents.function_tool
+    def lint() -> str:
+        """Lint the code."""
+        return "clean"
+
+    helper = agents.Agent(name="helper", instructions="Help.", model=model, tools=[lint])
+    closer = agents.Agent(name="closer", instructions="Close.", model=model)
+    return agents.Agent(
+        name="lead",
+        instructions="Lead.",
+        model=model,
+        tools=[helper.as_tool("helper", "Ask the helper."), lint],
+        handoffs=[closer],
+    )
+
+
+OA_SCRIPT = script(
+    Lead=[call("helper", input="look"), call("lint"), call("transfer_to_closer"), chat_reply("?")],
+    Help=[call("lint"), chat_reply("helped")],
+    Close=[chat_reply("closed")],
+)
+# (br, pbr) of each request, in order: the lead, its helper (as_tool) twice, the lead
+# twice, then the agent it handed off to.
+OA_BRANCHES = [
+    (None, None),
+    ("root/helper-1", "root"),
+    ("root/helper-1", "root"),
+    (None, None),
+    (None, None),
+    ("root/closer-1", "root"),
+]
+
+
+def _assert_openai_agents(server: RecordingServer, sid: str, last: dict[str, Any]) -> None:
+    hints = server.hints()
+    assert {h["sid"] for h in hints} == {sid}
+    assert [(h["br"], h["pbr"]) for h in hints] == OA_BRANCHES
+    assert [h["gap"] is not None for h in hints] == [True, True, True, True, True, False]
+    assert_forks_first(server)
+    events = server.events()
+    assert {"type": "fork", "children": ["root/helper-1"]} in events
+    assert {"type": "fork", "children": ["root/closer-1"]} in events
+    # The helper's branch ends before the lead goes on; the handoff's, with the run.
+    line = timeline(server)
+    assert line.index(("event", ("end", "root/helper-1"))) < line.index(("chat", (None, None)), 2)
+    assert events[-2:] == [{"type": "end", "br": "root/closer-1"}, last]
+    starts = [e for e in events if e["type"] == "tool_start" and e["tool"] != "user"]
+    assert [e["tool"] for e in starts] == ["helper", "lint"] and all("eta" in e for e in starts)
+
+
+async def test_openai_agents_run_sub_agents_handoffs_gap_and_end() -> None:
+    agents = pytest.importorskip("agents")
+    from agentsdk.integrations.openai_agents import HintedRunner
+
+    agents.set_tracing_disabled(True)
+    with recording_server(OA_SCRIPT, control_delay=0.005) as server:
+        async with HintedAsyncOpenAI(base_url=server.base_url, api_key="k") as client:
+            result = await HintedRunner(client).run(_oa_agents(agents, client), "go")
+        assert result.final_output == "closed"
+        sid = server.hints()[0]["sid"]
+        assert isinstance(sid, str) and sid.startswith("run-")
+        _assert_openai_agents(server, sid, {"type": "end"})
+
+
+async def test_openai_agents_streamed_sends_its_last_word_when_the_stream_completes() -> None:
+    agents = pytest.importorskip("agents")
+    from agentsdk.integrations.openai_agents import HintedRunner
+
+    agents.set_tracing_disabled(True)
+    with recording_server(OA_SCRIPT, control_delay=0.005) as server:
+        async with HintedAsyncOpenAI(base_url=server.base_url, api_key="k") as client:
+            runner = HintedRunner(client)
+            session = agents.SQLiteSession("conv-1")
+            stream = runner.run_streamed(_oa_agents(agents, client), "go", session=session)
+            async for _ in stream.stream_events():
+                pass
+            await runner.flush()  # no finish(stream)
+            session.close()
+        assert stream.final_output == "closed"
+        last = server.events()[-1]
+        assert (last["type"], last["tool"]) == ("tool_start", "user")  # a kept session
+        _assert_openai_agents(server, "conv-1", last)
+
+
+def test_openai_agents_run_sync() -> None:
+    agents = pytest.importorskip("agents")
+    from agentsdk.integrations.openai_agents import HintedRunner
+
+    agents.set_tracing_disabled(True)
+    with recording_server(OA_SCRIPT) as server:
+        client = HintedAsyncOpenAI(base_url=server.base_url, api_key="k")
+        result = HintedRunner(client).run_sync(_oa_agents(agents, client), "go")
+        assert result.final_output == "closed"
+        _assert_openai_agents(server, str(server.hints()[0]["sid"]), {"type": "end"})
