@@ -162,3 +162,89 @@ def test_openai_agents_run_sync() -> None:
         result = HintedRunner(client).run_sync(_oa_agents(agents, client), "go")
         assert result.final_output == "closed"
         _assert_openai_agents(server, str(server.hints()[0]["sid"]), {"type": "end"})
+
+
+# pydantic-ai
+
+PA_SCRIPT = script(
+    Lead=[call("delegate"), call("lint"), chat_reply("done")],
+    Help=[call("lint"), chat_reply("helped")],
+)
+
+
+def _pa_agents(pydantic_ai: Any, client: HintedAsyncOpenAI) -> Any:
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from agentsdk.integrations.pydantic_ai import AgentHintsCapability
+
+    model = OpenAIChatModel("tiny", provider=OpenAIProvider(openai_client=client))
+    hints = AgentHintsCapability(client)
+    helper = pydantic_ai.Agent(model, name="helper", instructions="Help.", capabilities=[hints])
+    lead = pydantic_ai.Agent(model, name="lead", instructions="Lead.", capabilities=[hints])
+
+    @helper.tool_plain
+    @lead.tool_plain
+    def lint() -> str:
+        """Lint the code."""
+        return "clean"
+
+    async def delegate(ctx: Any) -> str:
+        """Ask the helper."""
+        return str((await helper.run("look", usage=ctx.usage)).output)
+
+    delegate.__annotations__["ctx"] = pydantic_ai.RunContext[Any]  # read at run time
+    lead.tool(delegate)
+    return lead
+
+
+def _assert_pydantic_ai(server: RecordingServer, sid: str) -> None:
+    hints = server.hints()
+    assert {h["sid"] for h in hints} == {sid}  # the delegated run too: one session
+    assert [(h["br"], h["pbr"]) for h in hints] == [
+        (None, None),
+        ("root/helper-1", "root"),
+        ("root/helper-1", "root"),
+        (None, None),
+        (None, None),
+    ]
+    assert all(isinstance(h["gap"], float) for h in hints)  # every request offers tools
+    assert_forks_first(server)
+    line = timeline(server)
+    assert line.index(("event", ("end", "root/helper-1"))) < line.index(("chat", (None, None)), 1)
+    events = server.events()
+    assert (events[-1]["type"], events[-1]["tool"]) == ("tool_start", "user")  # one last word
+    assert [e["type"] for e in events].count("tool_start") == 4  # delegate, lint x2, user
+    assert {"type": "tool_start", "br": "root/helper-1", "tool": "lint", "eta": 1.0} in events
+
+
+@pytest.mark.parametrize("how", ["run", "run_stream", "run_stream_events", "iter"])
+async def test_pydantic_ai_streamed_or_not_and_a_delegated_agent(how: str) -> None:
+    pydantic_ai = pytest.importorskip("pydantic_ai")
+    with recording_server(PA_SCRIPT, control_delay=0.005) as server:
+        async with HintedAsyncOpenAI(base_url=server.base_url, api_key="k") as client:
+            lead = _pa_agents(pydantic_ai, client)
+            if how == "run":
+                await lead.run("go", conversation_id="ticket-1")
+            elif how == "run_stream":
+                async with lead.run_stream("go", conversation_id="ticket-1") as stream:
+                    await stream.get_output()
+            elif how == "run_stream_events":
+                async with lead.run_stream_events("go", conversation_id="ticket-1") as events:
+                    async for _ in events:
+                        pass
+            else:
+                async with lead.iter("go", conversation_id="ticket-1") as run:
+                    async for _ in run:
+                        pass
+            if how == "run_stream":
+                assert server.chats[0].body.get("stream") is True
+        _assert_pydantic_ai(server, "ticket-1")
+
+
+def test_pydantic_ai_run_sync() -> None:
+    pydantic_ai = pytest.importorskip("pydantic_ai")
+    with recording_server(PA_SCRIPT) as server:
+        client = HintedAsyncOpenAI(base_url=server.base_url, api_key="k")
+        _pa_agents(pydantic_ai, client).run_sync("go", conversation_id="ticket-1")
+        _assert_pydantic_ai(server, "ticket-1")
