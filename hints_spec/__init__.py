@@ -34,7 +34,6 @@ from ._header import combine_field_lines, parse_header, serialize_header
 from ._interop import OTEL_CONVERSATION_ID, SESSION_HEADER, from_interop, merge_hints
 from ._model import ID_PATTERN, AgentHints
 from ._resolve import resolve_hints
-from ._vllm import to_vllm_fields
 from .core import (
     BODY_FIELD,
     CONTROL_PATH,
@@ -92,5 +91,4 @@ __all__ = [
     "to_event",
     "to_kv_hints_action",
     "to_kv_hints_envelope",
-    "to_vllm_fields",
 ]

@@ -1,17 +1,9 @@
 """Engine-side glue between vLLM's request lifecycle and the retention policy.
 
-No vLLM import: ``_vllm.AgentHintsConnector`` forwards the scheduler's events here
+No vLLM import: ``AgentHintsConnector`` forwards the scheduler's events here
 and supplies a ``BlockPort`` over the real block pool, so this module runs
-unchanged against a fake pool in unit tests.
-
-Wire format, inside ``kv_transfer_params`` (the only request field that reaches
-the connector untouched): an inference request carries the SPEC's lowering
-(``hints_spec.to_vllm_fields``: ``HINTS_KEY`` = the normalized hint) plus
-``TENANT_KEY`` = the tenant the API server resolved, and ``PREFETCH_KEY: true``
-on the prefetcher's own warm-ups; a control message carries ``CONTROL_KEY`` =
-``{"tenant", "sid", "events"}`` (and ``"learned": true`` when the API server
-wrote the events from its own response, not the client). The middleware strips
-all four keys from client bodies first, so only it can set them.
+unchanged against a fake pool in unit tests (``server_ext.testing``). What a
+request carries for it is the API server's contract (``server_ext._contract``).
 """
 
 from __future__ import annotations
@@ -22,45 +14,28 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
-from hints_spec import BODY_FIELD, ROOT_BRANCH, AgentHints, HintError, parse_body, to_vllm_fields
+from hints_spec import ROOT_BRANCH
 
+from ._contract import ControlMessage, read_control, read_hint_params
 from .policy import (
     Action,
     AdmissionTrial,
     BranchHints,
     BranchKey,
     EndEvent,
-    Event,
-    ForkEvent,
     Hold,
     Outcome,
     PolicyStats,
     Release,
     ReleaseReason,
     RetentionPolicy,
-    ToolEndEvent,
     ToolStartEvent,
     WarmFirstGate,
 )
 
-__all__ = [
-    "CONTROL_KEY",
-    "HINTS_KEY",
-    "PREFETCH_KEY",
-    "RESERVED_KEYS",
-    "TENANT_KEY",
-    "BlockPort",
-    "EngineRetention",
-    "HintedParams",
-    "Progress",
-    "control_params",
-    "hint_params",
-    "read_control",
-    "read_hint_params",
-    "without_hints",
-]
+__all__ = ["BlockPort", "EngineRetention", "Progress"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,80 +71,6 @@ def _contained(fallback: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
         return guarded
 
     return wrap
-
-
-HINTS_KEY = BODY_FIELD
-TENANT_KEY = "agent_hints_tenant"
-PREFETCH_KEY = "agent_hints_prefetch"
-CONTROL_KEY = "agent_hints_control"
-RESERVED_KEYS = (HINTS_KEY, TENANT_KEY, PREFETCH_KEY, CONTROL_KEY)
-
-
-def hint_params(tenant: str, hints: AgentHints) -> dict[str, object]:
-    """The ``kv_transfer_params`` members of a hinted request of ``tenant``."""
-    lowered = to_vllm_fields(hints)["kv_transfer_params"]
-    assert isinstance(lowered, dict)
-    return {**lowered, TENANT_KEY: tenant}
-
-
-class HintedParams(NamedTuple):
-    """What the engine reads of a hinted request's ``kv_transfer_params``."""
-
-    tenant: str
-    hints: AgentHints
-    """The hint, valid, with a session (``sid`` is set)."""
-    prefetch: bool
-
-
-def without_hints(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """``params`` without a hinted request's members (a control message's
-    stays): what an engine should see of a request it will never serve."""
-    if params is None:
-        return None
-    return {k: v for k, v in params.items() if k not in (HINTS_KEY, TENANT_KEY, PREFETCH_KEY)}
-
-
-def read_hint_params(params: object) -> HintedParams | None:
-    """The hint, tenant and warm-up flag of a request's ``kv_transfer_params``
-    (anything a client could make it), or None if it has no usable hint (no
-    session, not lowered by the middleware, not even a mapping).
-
-    The hint is validated again with the codec (a few microseconds): the
-    middleware lowers only valid hints, but the engine must not trust its
-    input to keep its block accounting whole.
-    """
-    if not isinstance(params, Mapping) or not params:
-        return None
-    raw, tenant = params.get(HINTS_KEY), params.get(TENANT_KEY)
-    if not isinstance(tenant, str):
-        return None
-    try:
-        hints = parse_body(raw)
-    except HintError:
-        return None
-    if hints.sid is None:
-        return None
-    return HintedParams(tenant, hints, params.get(PREFETCH_KEY) is True)
-
-
-def control_params(
-    tenant: str, sid: str, events: Sequence[Mapping[str, object]], learned: bool = False
-) -> dict[str, object]:
-    """The ``kv_transfer_params`` of a control message (no inference);
-    ``learned``: the API server's own ``tool_start`` from a response's tool
-    calls, which gives way to the client's."""
-    message: dict[str, object] = {"tenant": tenant, "sid": sid, "events": [dict(e) for e in events]}
-    if learned:
-        message["learned"] = True
-    return {CONTROL_KEY: message}
-
-
-def read_control(params: object) -> Mapping[str, Any] | None:
-    """The control message in a request's ``kv_transfer_params``, if it is one."""
-    if not isinstance(params, Mapping):
-        return None
-    control = params.get(CONTROL_KEY)
-    return control if isinstance(control, Mapping) else None
 
 
 class BlockPort(Protocol):
@@ -215,19 +116,6 @@ class _Unknown:
 
 
 _UNKNOWN = _Unknown()
-
-
-def _control_event(raw: Mapping[str, Any]) -> Event | None:
-    kind = raw.get("type")
-    if kind == "tool_start":
-        return ToolStartEvent(tool=raw["tool"], br=raw.get("br"), eta=raw.get("eta"))
-    if kind == "tool_end":
-        return ToolEndEvent(br=raw.get("br"))
-    if kind == "fork":
-        return ForkEvent(children=tuple(raw["children"]), parent=raw.get("parent"))
-    if kind == "end":
-        return EndEvent(br=raw.get("br"))
-    return None
 
 
 @dataclass(slots=True)
@@ -465,20 +353,18 @@ class EngineRetention:
         self._apply(decision.actions)
 
     @_contained([])
-    def control(self, params: Mapping[str, Any]) -> list[Outcome]:
-        """Apply a control message built by ``control_params``."""
-        tenant, sid, events = params["tenant"], params["sid"], params["events"]
-        learned = params.get("learned") is True
+    def control(self, message: ControlMessage) -> list[Outcome]:
+        """Apply a control message (``read_control``)."""
+        tenant, sid = message.tenant, message.sid
         outcomes: list[Outcome] = []
-        for raw in events:
-            event = _control_event(raw)
+        for event in message.events:
             if event is None:
                 outcomes.append(Outcome.REJECTED)
                 continue
             if isinstance(event, EndEvent):
                 ended = BranchKey(tenant, sid, event.br or ROOT_BRANCH)
                 self._obsolete_warmups(ended, session=ended.br == ROOT_BRANCH)
-            if learned and isinstance(event, ToolStartEvent):
+            if message.learned and isinstance(event, ToolStartEvent):
                 key = BranchKey(tenant, sid, event.br or ROOT_BRANCH)
                 decision = self.policy.on_response_tool(key, event.tool)
             else:

@@ -62,10 +62,12 @@ from hints_spec import (
     combine_field_lines,
     parse_control,
     resolve_hints,
+    to_event,
 )
+from hints_spec.core import Event, ToolStartEvent
 
 from ._config import ExtensionConfig
-from ._engine import RESERVED_KEYS, hint_params
+from ._contract import RESERVED_KEYS, hint_params
 from ._prefetch import ASGIApp, Branch, Message, Prefetcher, Receive, Scope, Send, replay_body
 from ._routing import RANK_HEADER, SessionRanks
 from ._tenant import DEFAULT_TENANT, Tenancy, TenantRefused
@@ -370,14 +372,14 @@ class AgentHintsMiddleware:
         # with its validation code otherwise; nothing depends on engine state
         # or on the server's caps.
         results: list[EventResult] = []
-        accepted: list[dict[str, Any]] = []
+        accepted: list[Event] = []
         for index, event in enumerate(events):
             if isinstance(event, HintError):
                 result = EventResult(index=index, outcome=Outcome.REJECTED, reason=event.code)
                 kind = "invalid"
             else:
                 kind = event.type
-                accepted.append(event.model_dump(exclude_none=True))
+                accepted.append(to_event(event))
                 result = EventResult(index=index, outcome=Outcome.ACCEPTED)
             CONTROL_EVENTS.labels(kind, result.outcome).inc()
             results.append(result)
@@ -385,7 +387,7 @@ class AgentHintsMiddleware:
             rank = setup.ranks.rank(tenant, sid) if setup.ranks is not None else None
             await send_control(scope["app"].state, tenant, sid, accepted, rank=rank)
             if setup.prefetcher is not None:
-                setup.prefetcher.control(tenant, sid, events)
+                setup.prefetcher.control(tenant, sid, accepted)
         await _json(send, 200, ControlResponse(results=results).model_dump(exclude_none=True))
 
 
@@ -432,7 +434,7 @@ def _naming_waits(send: Send, state: Any, key: BranchKey, ranks: SessionRanks | 
         wait = names.wait()
         if wait is None:
             return
-        event = {"type": "tool_start", "tool": wait, "br": key.br}
+        event = ToolStartEvent(tool=wait, br=key.br)
         try:
             rank = ranks.rank(key.tenant, key.sid) if ranks is not None else None
             await send_control(state, key.tenant, key.sid, [event], learned=True, rank=rank)

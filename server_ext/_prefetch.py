@@ -31,9 +31,9 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from hints_spec import ROOT_BRANCH, USER_TOOL, End, ToolEnd, ToolStart
+from hints_spec.core import ROOT_BRANCH, USER_TOOL, EndEvent, Event, ToolEndEvent, ToolStartEvent
 
-from ._engine import PREFETCH_KEY, read_hint_params
+from ._contract import PREFETCH_KEY, read_hint_params
 from .policy import BranchKey, PrefetchPlanner
 
 __all__ = ["ASGIApp", "Branch", "Message", "Prefetcher", "Receive", "Scope", "Send", "replay_body"]
@@ -194,10 +194,10 @@ class Prefetcher:
         self._remember(branch.key, _LastRequest(saved, body, tokens))
         self.planner.depart(branch.key, gap_hint=branch.gap, tokens=tokens)
 
-    def control(self, tenant: str, sid: str, events: Iterable[object]) -> None:
+    def control(self, tenant: str, sid: str, events: Iterable[Event]) -> None:
         """Apply accepted control events of ``tenant``'s session ``sid``."""
         for event in events:
-            if isinstance(event, ToolStart):
+            if isinstance(event, ToolStartEvent):
                 # A wait on a human is not warmed: its length is a guess (often
                 # the session is over), and a warm-up at the guess would evict
                 # branches whose tools are due back. A tier brings it back.
@@ -205,9 +205,9 @@ class Prefetcher:
                 self.planner.tool_start(
                     key, eta=event.eta, tool=event.tool, warm=event.tool != USER_TOOL
                 )
-            elif isinstance(event, ToolEnd):
+            elif isinstance(event, ToolEndEvent):
                 self.planner.tool_end(BranchKey(tenant, sid, event.br or ROOT_BRANCH))
-            elif isinstance(event, End):
+            elif isinstance(event, EndEvent):
                 self._ended(BranchKey(tenant, sid, event.br or ROOT_BRANCH))
 
     async def aclose(self) -> None:

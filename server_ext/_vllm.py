@@ -81,14 +81,11 @@ from vllm.entrypoints.serve.middleware.authenticate import (
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.request import RequestStatus
 
+from hints_spec.core import Event
+
 from ._config import MULTI_CONNECTOR, OFFLOADING_CONNECTORS, ExtensionConfig, extension_extra
-from ._engine import (
-    EngineRetention,
-    control_params,
-    read_control,
-    read_hint_params,
-    without_hints,
-)
+from ._contract import control_params, read_control, read_hint_params, without_hints
+from ._engine import EngineRetention
 from ._headroom import Headroom
 from ._launcher import RESERVED_CPU_ENV
 from ._pool import HoldPort, ShelfPort, allocate_after_room
@@ -253,7 +250,7 @@ async def send_control(
     app_state: Any,
     tenant: str,
     sid: str,
-    events: Sequence[Mapping[str, object]],
+    events: Sequence[Event],
     learned: bool = False,
     rank: int | None = None,
 ) -> None:

@@ -40,7 +40,6 @@ from hints_spec import (
     parse_header,
     serialize_header,
     to_event,
-    to_vllm_fields,
 )
 from hints_spec._header import _fast_members
 from hints_spec._model import ID_PATTERN, build_hints
@@ -66,7 +65,7 @@ def test_public_api_is_exactly_the_contract() -> None:
             "parse_header", "serialize_header", "combine_field_lines", "parse_body", "Outcome",
             "ToolStart",
             "ToolEnd", "Fork", "End", "ControlEvent", "ControlRequest", "parse_control",
-            "EventResult", "ControlResponse", "to_event", "to_vllm_fields", "from_interop",
+            "EventResult", "ControlResponse", "to_event", "from_interop",
             "merge_hints",
             "resolve_hints", "ROOT_BRANCH", "MAX_ID_LENGTH", "MAX_SECONDS", "MAX_EVENTS",
             "MAX_CHILDREN", "ID_PATTERN",
@@ -229,16 +228,6 @@ def test_merge_rules() -> None:
     merged = merge_hints(AgentHints(sid="h", br="b", prio=3), interop)
     assert merged == AgentHints(sid="h", br="b", ttl=60, end=True)
     assert merge_hints(AgentHints(gap=1.0), interop) == interop.model_copy(update={"gap": 1.0})
-
-
-def test_to_vllm_fields() -> None:
-    hints = AgentHints(sid="s1", ttl=5)
-    assert to_vllm_fields(hints) == {
-        "session_id": "s1",
-        "kv_transfer_params": {"agent_hints": hints.normalized()},
-    }
-    assert to_vllm_fields(AgentHints()) == {"kv_transfer_params": {"agent_hints": _defaults()}}
-    json.dumps(to_vllm_fields(hints))  # JSON-ready
 
 
 def _defaults() -> dict[str, object]:

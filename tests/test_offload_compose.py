@@ -31,7 +31,7 @@ from server_ext._config import (
     OFFLOAD_POLICY,
     OFFLOAD_SPEC,
 )
-from server_ext._engine import hint_params
+from server_ext._contract import hint_params
 from server_ext._plugin import register
 from server_ext._vllm import AgentHintsConnector, connector_config
 from server_ext.offload import (

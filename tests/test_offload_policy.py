@@ -19,7 +19,8 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 
 from hints_spec import AgentHints
-from server_ext._engine import hint_params
+from hints_spec.core import EndEvent
+from server_ext._contract import hint_params
 from server_ext.offload import AgentHintsCachePolicy, lower_to_envelope
 from server_ext.testing import ManualClock
 
@@ -254,14 +255,14 @@ def test_evict_is_atomic() -> None:
 
 
 def test_an_end_control_event_releases_like_an_end_hint() -> None:
-    from server_ext._engine import control_params
+    from server_ext._contract import control_params
 
     manager = _manager("AgentHintsCachePolicy", 8)
     a = [_key(i) for i in range(4)]
     b = [_key(i) for i in range(10, 14)]
     serve(manager, b, _hinted(sid="B"))
     serve(manager, a, _hinted(sid="A"))
-    serve(manager, [], control_params("t2", "A", [{"type": "end"}]))  # another tenant's
+    serve(manager, [], control_params("t2", "A", [EndEvent()]))  # another tenant's
     assert set(serve(manager, [_key(20)], _hinted(sid="C"))) <= set(b)
-    serve(manager, [], control_params("t1", "A", [{"type": "end"}]))
+    serve(manager, [], control_params("t1", "A", [EndEvent()]))
     assert set(serve(manager, [_key(21)], _hinted(sid="C"))) <= set(a)

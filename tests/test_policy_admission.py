@@ -6,7 +6,8 @@ import pytest
 
 from hints_spec import AgentHints
 from server_ext._config import ExtensionConfig, ExtensionConfigError
-from server_ext._engine import EngineRetention, hint_params
+from server_ext._contract import hint_params
+from server_ext._engine import EngineRetention
 from server_ext.policy import (
     AdmissionConfig,
     AdmissionTrial,

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from hints_spec import USER_TOOL, AgentHints, End, ToolStart
+from hints_spec import USER_TOOL, AgentHints
+from hints_spec.core import EndEvent, ToolStartEvent
 from server_ext import AgentHintsMiddleware, ExtensionConfig, ExtensionConfigError
 from server_ext.__main__ import main as serve_main
-from server_ext._engine import PREFETCH_KEY, hint_params
+from server_ext._contract import PREFETCH_KEY, hint_params
 from server_ext._prefetch import EARLY_RETURNS, PREFETCHES, Branch, Prefetcher
 from server_ext.policy import BranchKey, PrefetchPlanner
 from server_ext.testing import FakeDownstream, ManualClock, Received
@@ -214,7 +215,7 @@ def test_a_running_warmup_is_cancelled_when_its_branch_returns_or_ends(how: str)
         if how == "returns":
             await request(p, lowered(), BRANCH)
         else:
-            p.control(KEY.tenant, KEY.sid, [End(type="end")])
+            p.control(KEY.tenant, KEY.sid, [EndEvent()])
         await asyncio.wait_for(step, 1.0)
         await asyncio.sleep(0)
         assert app.cancelled == 1
@@ -265,7 +266,7 @@ def test_return_cancels_a_pending_warmup() -> None:
 def test_end_cancels_by_hint_and_by_control_event() -> None:
     async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         await request(p, lowered(), BRANCH)
-        p.control(KEY.tenant, KEY.sid, [End(type="end")])
+        p.control(KEY.tenant, KEY.sid, [EndEvent()])
         other = BranchKey(KEY.tenant, "s2")
         await request(p, lowered(), Branch(other, 10.0, False))
         await request(p, lowered(), Branch(other, None, True))  # the end hint
@@ -281,7 +282,7 @@ def test_tool_start_eta_moves_the_warmup_and_late_ones_are_skipped() -> None:
     async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         before = counts()
         await request(p, lowered(), BRANCH)
-        p.control(KEY.tenant, KEY.sid, [ToolStart(type="tool_start", tool="build", eta=60)])
+        p.control(KEY.tenant, KEY.sid, [ToolStartEvent(tool="build", eta=60)])
         clock.now = 30.0
         await p.step()
         assert app.warmups == []
@@ -303,7 +304,7 @@ def test_tool_start_eta_moves_the_warmup_and_late_ones_are_skipped() -> None:
 def test_a_wait_on_the_user_is_not_warmed() -> None:
     async def scenario(p: Prefetcher, app: Downstream, clock: ManualClock) -> None:
         await request(p, lowered(), BRANCH)
-        p.control(KEY.tenant, KEY.sid, [ToolStart(type="tool_start", tool=USER_TOOL, eta=60)])
+        p.control(KEY.tenant, KEY.sid, [ToolStartEvent(tool=USER_TOOL, eta=60)])
         for clock.now in (30.0, 59.5, 61.0):
             await p.step()
         assert app.warmups == []

@@ -3,6 +3,7 @@ cancelled by an end), and what a fault in the policy leaves behind."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -10,13 +11,15 @@ from dataclasses import dataclass
 import pytest
 
 from hints_spec import AgentHints
-from server_ext._engine import (
+from hints_spec.core import EndEvent, ForkEvent, ToolEndEvent, ToolStartEvent
+from server_ext._contract import (
     PREFETCH_KEY,
-    EngineRetention,
+    ControlMessage,
     control_params,
     hint_params,
     read_control,
 )
+from server_ext._engine import EngineRetention
 from server_ext.policy import (
     AdmissionTrial,
     BranchKey,
@@ -80,7 +83,7 @@ def test_end_while_warming_cancels_its_retention() -> None:
     run(e, "r1", [1, 2])
     assert e.request_added("w1", params(prefetch=True))
     e.request_scheduled("w1")
-    e.control({"tenant": "t", "sid": "s", "events": [{"type": "end"}]})
+    e.control(ControlMessage("t", "s", (EndEvent(),)))
     e.request_finished("w1", [1, 2, 3])
     assert e.stats.held_blocks == 0
     assert +pool.refs == Counter()
@@ -333,7 +336,7 @@ def test_a_warmup_whose_branch_is_not_expected_takes_no_room() -> None:
     assert e.request_added("late", other_params("late", 100.0))
     e.request_finished("late", [30, 31, 32])
     assert e.request_added("w1", params(prefetch=True))
-    e.control({"tenant": "t", "sid": "s", "events": [{"type": "end"}]})  # s ended
+    e.control(ControlMessage("t", "s", (EndEvent(),)))  # s ended
     pool.free = 0
     assert e.defers("w1", 3)
     assert not e.make_room(3, "w1")
@@ -356,7 +359,7 @@ def warm_sessions(e: EngineRetention, clock: ManualClock, count: int, pay: bool)
             assert e.request_added(f"{sid}-back", other_params(sid, 5.0))
             e.request_scheduled(f"{sid}-back")
         else:
-            e.control({"tenant": "t", "sid": sid, "events": [{"type": "end"}]})
+            e.control(ControlMessage("t", sid, (EndEvent(),)))
         clock.now += 0.01
 
 
@@ -506,3 +509,17 @@ def test_a_pool_that_fails_during_recovery_still_leaves_the_engine_running(
     monkeypatch.setattr(e.policy, "expire", lambda now=None: 1 / 0)
     e.step_scheduled({})  # neither the fault nor the failed recovery escapes
     assert e.faults == 1 and e.stats.retained_branches == 0
+
+
+def test_a_control_message_reaches_the_engine_as_the_plain_events_sent() -> None:
+    events = (
+        ToolStartEvent(tool="build", br="b", eta=3.0),
+        ToolEndEvent(br="b"),
+        ForkEvent(children=("c1", "c2"), parent="b"),
+        EndEvent(),
+    )
+    params = control_params("t", "s", events, learned=True)
+    json.loads(json.dumps(params))  # what vLLM carries between processes
+    assert read_control(params) == ControlMessage("t", "s", events, learned=True)
+    params["agent_hints_control"]["events"].append({"type": "nap"})  # type: ignore[index]
+    assert read_control(params) == ControlMessage("t", "s", (*events, None), learned=True)

@@ -22,7 +22,7 @@ from vllm_scheduler import request as make_request
 from vllm_scheduler import scheduler as make_scheduler
 
 from hints_spec import AgentHints
-from server_ext._engine import PREFETCH_KEY, hint_params
+from server_ext._contract import PREFETCH_KEY, hint_params
 
 
 def scheduler(

@@ -14,7 +14,7 @@ from vllm.v1.request import RequestStatus
 from vllm_scheduler import request, scheduler, step
 
 from hints_spec import AgentHints
-from server_ext._engine import hint_params
+from server_ext._contract import hint_params
 from server_ext._vllm import AgentHintsConnector
 
 

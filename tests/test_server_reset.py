@@ -18,7 +18,7 @@ from vllm_scheduler import request, scheduler, step
 
 from hints_spec import AgentHints
 from server_ext import _vllm
-from server_ext._engine import hint_params
+from server_ext._contract import hint_params
 from server_ext._vllm import AgentHintsConnector, AgentHintsMetadata
 from server_ext.tier import TIER_SECRET_ENV, Shard, TierConfig, shard_key
 

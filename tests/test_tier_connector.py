@@ -12,7 +12,7 @@ from vllm.config import KVTransferConfig
 from hints_spec import AgentHints
 from server_ext import extension_flags
 from server_ext._config import CONNECTOR_NAME, MULTI_CONNECTOR
-from server_ext._engine import TENANT_KEY, hint_params
+from server_ext._contract import TENANT_KEY, hint_params
 from server_ext._vllm import (
     AgentHintsConnector,
     TierWorkerMetadata,

@@ -26,7 +26,7 @@ from hints_spec import (
     to_kv_hints_action,
 )
 
-from .._engine import read_hint_params
+from .._contract import read_hint_params
 
 __all__ = ["lower_to_envelope", "session_action"]
 

@@ -26,15 +26,15 @@ import itertools
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 
 from hints_spec import ROOT_BRANCH, SessionAction
+from hints_spec.core import EndEvent
 
-from .._engine import read_control
+from .._contract import ControlMessage, read_control
 from ._hints import session_action
 
 __all__ = ["AgentHintsCachePolicy", "PolicyCounters", "policy_counters"]
@@ -268,21 +268,18 @@ class AgentHintsCachePolicy(CachePolicy):
             self.counters.ended_branches += 1
             self._release(branch)
 
-    def _control(self, message: Mapping[str, Any]) -> None:
-        """``end`` events of a control message (``server_ext._engine.control_params``,
+    def _control(self, message: ControlMessage) -> None:
+        """``end`` events of a control message (``server_ext._contract``,
         built by the API server for its tenant): as an ``end`` hint."""
-        tenant, sid, events = message.get("tenant"), message.get("sid"), message.get("events")
-        if not (isinstance(tenant, str) and isinstance(sid, str) and isinstance(events, list)):
-            return
+        tenant, sid = message.tenant, message.sid
         self._expire()
-        for event in events:
-            if not isinstance(event, Mapping) or event.get("type") != "end":
+        for event in message.events:
+            if not isinstance(event, EndEvent):
                 continue
-            br = event.get("br")
-            if br is None or br == ROOT_BRANCH:
+            if event.br is None or event.br == ROOT_BRANCH:
                 self._end((tenant, sid, ROOT_BRANCH), whole_session=True)
-            elif isinstance(br, str):
-                self._end((tenant, sid, br), whole_session=False)
+            else:
+                self._end((tenant, sid, event.br), whole_session=False)
 
     def _release(self, owner: _Owner) -> None:
         """``owner`` is done: each of its chunks that no other owner holds
