@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import anyio
 from openai import AsyncOpenAI, OpenAI
 from openai._models import FinalRequestOptions
 from opentelemetry import propagate
@@ -25,11 +26,21 @@ from typing_extensions import override
 from hints_spec import HEADER_NAME, SESSION_HEADER, AgentHints, serialize_header
 
 from ._errors import NoSessionWarning, warn_user
-from ._scope import active_scope, note_sent
+from ._scope import active_scope, note_sent, take_pending
 
-__all__ = ["HintedAsyncOpenAI", "HintedOpenAI", "has_header", "hint_headers", "sync_twin"]
+__all__ = [
+    "CONTROL_TIMEOUT",
+    "HintedAsyncOpenAI",
+    "HintedOpenAI",
+    "has_header",
+    "hint_headers",
+    "sync_twin",
+]
 
 _CACHE_KEY = "prompt_cache_key"
+# Bound on the wait for events that must precede a request (``deliver_before_next_request``):
+# a lost fork costs less than a stalled request.
+CONTROL_TIMEOUT = 2.0
 # Endpoints whose request body has a typed ``prompt_cache_key`` (chat completions, responses);
 # legacy completions has none and is only given the header.
 _CACHE_KEY_PATHS = ("/chat/completions", "/responses")
@@ -142,6 +153,9 @@ class HintedOpenAI(OpenAI):
 
     @override
     def _prepare_options(self, options: FinalRequestOptions) -> FinalRequestOptions:
+        pending = take_pending()
+        if pending is not None:
+            pending.flush_sync(timeout=CONTROL_TIMEOUT)
         return super()._prepare_options(_with_hints(options, self))
 
 
@@ -160,4 +174,8 @@ class HintedAsyncOpenAI(AsyncOpenAI):
 
     @override
     async def _prepare_options(self, options: FinalRequestOptions) -> FinalRequestOptions:
+        pending = take_pending()
+        if pending is not None:
+            with anyio.move_on_after(CONTROL_TIMEOUT):
+                await pending.flush()
         return await super()._prepare_options(_with_hints(options, self))

@@ -38,15 +38,13 @@ from hints_spec import (
     ControlResponse,
 )
 
-from ._client import has_header, sync_twin
+from ._client import CONTROL_TIMEOUT, has_header, sync_twin
 from ._errors import UserError
 
 __all__ = ["CONTROL_TIMEOUT", "ControlChannel", "ControlSender", "ControlSink"]
 
 _log = logging.getLogger(__name__)
 
-CONTROL_TIMEOUT = 2.0
-"""Default bound, in seconds, on one control POST: a lost event costs less than a stall."""
 
 _ClientT = TypeVar("_ClientT", bound=OpenAI | AsyncOpenAI, covariant=True)
 
@@ -141,8 +139,14 @@ class ControlSender:
         await future
 
     def flush_sync(self, timeout: float | None = None) -> bool:
-        """``flush`` for code without an event loop; False if ``timeout`` ran out first."""
+        """``flush`` for code without an event loop; False if ``timeout`` ran out first, or
+        at once where the worker is a task of this thread's loop (it could not run)."""
         with self._lock:
+            task = self._task
+            if self._working and task is not None and not task.done():
+                with contextlib.suppress(RuntimeError):
+                    if task.get_loop() is asyncio.get_running_loop():
+                        return False
             mark = self._submitted
             return self._lock.wait_for(lambda: self._done >= mark, timeout)
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Protocol
 
 from hints_spec import (
     MAX_ID_LENGTH,
@@ -39,9 +40,11 @@ __all__ = [
     "check_session_id",
     "child_branch",
     "current_hints",
+    "deliver_before_next_request",
     "hint_scope",
     "note_sent",
     "session_id_for",
+    "take_pending",
 ]
 
 # hint_scope argument name -> agent_hints body key.
@@ -140,6 +143,30 @@ class ResolvedScope:
 
 _ACTIVE: ContextVar[ResolvedScope | None] = ContextVar("agentsdk_hint_scope", default=None)
 _WATCH: ContextVar[SendWatch | None] = ContextVar("agentsdk_send_watch", default=None)
+_PENDING: ContextVar[Pending | None] = ContextVar("agentsdk_pending_events", default=None)
+
+
+class Pending(Protocol):
+    """Events on their way (a ``ControlSender``): what a request may have to wait for."""
+
+    async def flush(self) -> None: ...
+
+    def flush_sync(self, timeout: float | None = None) -> bool: ...
+
+
+def deliver_before_next_request(pending: Pending) -> None:
+    """The next hinted request of this context first waits until what was submitted to
+    ``pending`` is delivered: for an adapter that submits a ``fork`` from a callback that
+    cannot wait (LangChain's are sync), so that it still precedes the child's request."""
+    _PENDING.set(pending)
+
+
+def take_pending() -> Pending | None:
+    """What the request about to go out must wait for (once), if anything."""
+    pending = _PENDING.get()
+    if pending is not None:
+        _PENDING.set(None)
+    return pending
 
 
 class SendWatch:

@@ -5,7 +5,9 @@ and not, with the real frameworks."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -248,3 +250,102 @@ def test_pydantic_ai_run_sync() -> None:
         client = HintedAsyncOpenAI(base_url=server.base_url, api_key="k")
         _pa_agents(pydantic_ai, client).run_sync("go", conversation_id="ticket-1")
         _assert_pydantic_ai(server, "ticket-1")
+
+
+# LangChain / LangGraph
+
+LG_SCRIPT = script(Lead=[call("lint"), chat_reply("done")], Help=[chat_reply("helped")])
+
+
+def _lg_graph(client: HintedAsyncOpenAI, asynchronous: bool) -> Any:
+    """A lead agent with a tool, then a research subgraph with an agent of its own."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool as lc_tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+
+    from agentsdk.integrations.langchain import chat_openai_clients
+
+    @lc_tool
+    def lint() -> str:
+        """Lint the code."""
+        return "clean"
+
+    llm = ChatOpenAI(model="tiny", **chat_openai_clients(client)).bind_tools([lint])
+
+    def agent(system: str) -> Any:
+        def node(state: Any) -> dict[str, list[Any]]:
+            return {"messages": [llm.invoke([("system", system), *state["messages"]])]}
+
+        async def anode(state: Any) -> dict[str, list[Any]]:
+            return {"messages": [await llm.ainvoke([("system", system), *state["messages"]])]}
+
+        return anode if asynchronous else node
+
+    def route(state: Any) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else "research"
+
+    research = StateGraph(MessagesState)
+    research.add_node("helper", agent("Help."))
+    research.add_edge(START, "helper")
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent("Lead."))
+    graph.add_node("tools", ToolNode([lint]))
+    graph.add_node("research", research.compile())
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", route, ["tools", "research"])
+    graph.add_edge("tools", "agent")
+    graph.add_edge("research", END)
+    return graph.compile()
+
+
+@pytest.mark.parametrize("how", ["invoke", "ainvoke", "stream", "astream"])
+@pytest.mark.parametrize("end_session", [False, True])
+async def test_langgraph_sync_async_streamed_with_a_subgraph_branch(
+    how: str, end_session: bool
+) -> None:
+    pytest.importorskip("langgraph")
+    from agentsdk.integrations.langchain import HintsCallbackHandler
+
+    with recording_server(LG_SCRIPT, control_delay=0.005) as server:
+        async with HintedAsyncOpenAI(base_url=server.base_url, api_key="k") as client:
+            graph = _lg_graph(client, asynchronous=how.startswith("a"))
+            handler = HintsCallbackHandler(client, end_session=end_session)
+            config: Any = {"configurable": {"thread_id": "thread-7"}, "callbacks": [handler]}
+            state = {"messages": [("user", "go")]}
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # no hints lost, nothing to say
+                if how == "invoke":
+                    await asyncio.to_thread(graph.invoke, state, config)
+                    assert handler.flush_sync(timeout=10)
+                elif how == "stream":
+                    await asyncio.to_thread(lambda: list(graph.stream(state, config)))
+                    assert handler.flush_sync(timeout=10)
+                elif how == "ainvoke":
+                    await graph.ainvoke(state, config)
+                else:
+                    async for _ in graph.astream(state, config):
+                        pass
+                await handler.flush()
+        hints = server.hints()
+        assert {h["sid"] for h in hints} == {"thread-7"}
+        assert [(h["br"], h["pbr"]) for h in hints] == [
+            (None, None),
+            (None, None),
+            ("root/research-1", "root"),
+        ]
+        assert all(isinstance(h["gap"], float) for h in hints)
+        assert_forks_first(server)
+        events = server.events()
+        assert [e["type"] for e in events if e["type"] != "tool_start" or e["tool"] == "lint"] == [
+            "tool_start",
+            "tool_end",
+            "fork",
+            "end",
+            *(["end"] if end_session else []),
+        ]
+        assert events[-2] == {"type": "end", "br": "root/research-1"}
+        if not end_session:
+            assert (events[-1]["type"], events[-1]["tool"]) == ("tool_start", "user")

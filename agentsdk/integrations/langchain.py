@@ -28,18 +28,26 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from openai import AsyncOpenAI, OpenAI
 
-from hints_spec import ControlEvent, ToolEnd, ToolStart
+from hints_spec import ROOT_BRANCH, ControlEvent, End, Fork, ToolEnd, ToolStart
 
 from .._client import HintedAsyncOpenAI, sync_twin
 from .._config import DEFAULT_USER_WAIT_PRIOR
 from .._control import ControlChannel
 from .._errors import UnhintedClientWarning, UserError, warn_user
 from .._latency import LatencyEstimator, user_wait
-from .._scope import SendWatch, hint_scope, session_id_for
+from .._scope import (
+    SendWatch,
+    branch_slug,
+    child_branch,
+    deliver_before_next_request,
+    hint_scope,
+    session_id_for,
+)
 
 __all__ = ["HintsCallbackHandler", "chat_openai_clients"]
 
 _SESSION_KEYS = ("thread_id", "session_id", "conversation_id")
+_NS_SEP = "|"  # LangGraph's checkpoint namespace separator (langgraph._internal._constants)
 _UNHINTED = (
     "HintsCallbackHandler: a chat model call of session {sid!r} went out without hints,"
     " so the server cannot keep its cache: give the chat model hinted clients,"
@@ -66,13 +74,19 @@ class HintsCallbackHandler(BaseCallbackHandler):
     """A LangChain callback handler that tells the server a thread's session and tool waits.
 
     ``client`` posts the control events (the chat model's, or any client of the same
-    server). ``estimator`` learns tool durations across runs.
+    server), from ``invoke`` and ``ainvoke`` alike. ``estimator`` learns tool durations
+    across runs. A graph run ends with the wait on the thread's user, or with the
+    session's ``end`` when ``end_session``.
     """
 
     run_inline = True  # the scope it opens must be the model request's (module docstring)
 
     def __init__(
-        self, client: OpenAI | AsyncOpenAI, *, estimator: LatencyEstimator | None = None
+        self,
+        client: OpenAI | AsyncOpenAI,
+        *,
+        estimator: LatencyEstimator | None = None,
+        end_session: bool = False,
     ) -> None:
         if not isinstance(client, OpenAI | AsyncOpenAI):
             raise UserError(
@@ -80,10 +94,17 @@ class HintsCallbackHandler(BaseCallbackHandler):
                 f" {type(client).__name__}"
             )
         self.estimator = estimator if estimator is not None else LatencyEstimator()
+        self.end_session = end_session
         self._channel = ControlChannel(client)
+        # Subgraphs (by checkpoint namespace) -> (session, branch); per parent branch and
+        # name, how many children; the subgraph runs whose end ends their branch.
+        self._branches: dict[str, tuple[str, str]] = {}
+        self._counts: dict[tuple[str, str], int] = {}
+        self._subgraph_runs: dict[UUID, str] = {}
         self._scopes: dict[UUID, tuple[str, hint_scope, SendWatch]] = {}
         self._warned = False
-        self._tools: dict[UUID, tuple[str, str, float]] = {}  # run -> (sid, tool, started)
+        # Tool runs -> (session, branch, tool, started).
+        self._tools: dict[UUID, tuple[str, str | None, str, float]] = {}
         self._roots: dict[UUID, str] = {}  # graph runs -> sid
 
     # Chat models: the request's scope.
@@ -104,7 +125,10 @@ class HintsCallbackHandler(BaseCallbackHandler):
         tools = (invocation_params or {}).get("tools") or []
         names = [_tool_name(t) for t in tools]
         gap = self.estimator.estimate({name: None for name in names if name})
-        scope = hint_scope(session=sid, branch=None, gap=round(gap, 3) if gap else None)
+        branch, parent = self._branch(sid, metadata)
+        scope = hint_scope(
+            session=sid, branch=branch, parent=parent, gap=round(gap, 3) if gap else None
+        )
         scope.__enter__()
         self._scopes[run_id] = (sid, scope, SendWatch().__enter__())
 
@@ -132,9 +156,10 @@ class HintsCallbackHandler(BaseCallbackHandler):
         name = str(serialized.get("name") or kwargs.get("name") or "tool")
         if sid is None:
             return
-        self._tools[run_id] = (sid, name, time.monotonic())
+        branch = self._branch(sid, metadata)[0]
+        self._tools[run_id] = (sid, branch, name, time.monotonic())
         eta = self.estimator.estimate({name: None})
-        self._send(sid, [ToolStart(tool=name, eta=round(eta or 0.0, 3))])
+        self._send(sid, [ToolStart(br=branch, tool=name, eta=round(eta or 0.0, 3))])
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._tool_done(run_id)
@@ -155,8 +180,13 @@ class HintsCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         sid = _session(metadata)
-        if parent_run_id is None and sid is not None:
+        if sid is None:
+            return
+        namespace = (metadata or {}).get("checkpoint_ns")
+        if parent_run_id is None:
             self._roots[run_id] = sid
+        elif namespace and namespace not in self._subgraph_runs.values():
+            self._subgraph_runs[run_id] = str(namespace)  # a subgraph's own run
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._root_done(run_id)
@@ -189,14 +219,51 @@ class HintsCallbackHandler(BaseCallbackHandler):
     def _tool_done(self, run_id: UUID) -> None:
         started = self._tools.pop(run_id, None)
         if started is not None:
-            sid, name, at = started
+            sid, branch, name, at = started
             self.estimator.observe(name, time.monotonic() - at)
-            self._send(sid, [ToolEnd(tool=name)])
+            self._send(sid, [ToolEnd(br=branch, tool=name)])
 
     def _root_done(self, run_id: UUID) -> None:
+        """A subgraph's run ended: its branch ends. A graph run ended: the branches left
+        end, then the session (``end_session``) or the wait on its user."""
+        namespace = self._subgraph_runs.pop(run_id, None)
+        if namespace is not None:
+            ended = self._branches.pop(namespace, None)
+            if ended is not None:
+                self._send(ended[0], [End(br=ended[1])])
         sid = self._roots.pop(run_id, None)
-        if sid is not None:
-            self._send(sid, [user_wait(self.estimator, DEFAULT_USER_WAIT_PRIOR)])
+        if sid is None:
+            return
+        events: list[ControlEvent] = []
+        for key, (owner, branch) in list(self._branches.items()):
+            if owner == sid:
+                del self._branches[key]
+                events.append(End(br=branch))
+        last = End() if self.end_session else user_wait(self.estimator, DEFAULT_USER_WAIT_PRIOR)
+        self._send(sid, [*events, last])
+
+    def _branch(
+        self, sid: str, metadata: Mapping[str, Any] | None
+    ) -> tuple[str | None, str | None]:
+        """(branch, parent) of a call in a LangGraph subgraph: a branch per subgraph run
+        (its checkpoint namespace), a child of the enclosing one's; (None, None) at the
+        top. A new branch's ``fork`` goes out before the call's request."""
+        namespace = str((metadata or {}).get("langgraph_checkpoint_ns") or "")
+        parts = namespace.split(_NS_SEP)[:-1]  # the last is the node's own task
+        branch, parent = ROOT_BRANCH, None
+        for depth in range(1, len(parts) + 1):
+            key = _NS_SEP.join(parts[:depth])
+            parent = branch
+            known = self._branches.get(key)
+            if known is None:
+                slug = branch_slug(parts[depth - 1].partition(":")[0])
+                n = self._counts[parent, slug] = self._counts.get((parent, slug), 0) + 1
+                known = self._branches[key] = (sid, child_branch(parent, slug, n))
+                fork = Fork(parent=None if parent == ROOT_BRANCH else parent, children=[known[1]])
+                self._send(sid, [fork])
+                deliver_before_next_request(self._channel.sender)
+            branch = known[1]
+        return (None, None) if parent is None else (branch, parent)
 
     def _send(self, sid: str, events: Sequence[ControlEvent]) -> None:
         """Queue on the channel's ordered sender: from the run's task, a tool's worker
