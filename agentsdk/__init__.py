@@ -43,7 +43,7 @@ from ._latency import LatencyEstimator, LatencyStats
 from ._model import ModelClient
 from ._result import RunResult
 from ._run import DEFAULT_MAX_TURNS, Runner
-from ._scope import HintArgumentError, current_hints, hint_scope
+from ._scope import ContextThreadPoolExecutor, HintArgumentError, current_hints, hint_scope
 from ._session import SCHEMA_VERSION, InMemorySession, Session, SessionStats, SQLiteSession
 from ._stream import (
     AgentEndEvent,
@@ -72,6 +72,7 @@ __all__ = [
     "AgentStartEvent",
     "AgentTool",
     "AgentsError",
+    "ContextThreadPoolExecutor",
     "ControlChannel",
     "ControlRecord",
     "ControlSender",

@@ -48,7 +48,9 @@ _MODEL_PATHS = (*_CACHE_KEY_PATHS, "/completions")
 _NO_SESSION = (
     "{client} sent a model request outside any session, so the server cannot keep its"
     " cache for the next turn: run it inside hint_scope(session=...), through"
-    " agentsdk.Runner, or through the framework's adapter in agentsdk.integrations"
+    " agentsdk.Runner, or through the framework's adapter in agentsdk.integrations."
+    " In a thread, the scope of the code that started it does not apply: start it with"
+    " agentsdk.ContextThreadPoolExecutor, asyncio.to_thread or contextvars.copy_context().run"
     " (this warning is shown once per client)"
 )
 

@@ -10,14 +10,16 @@ open a scope per model call with recurring values), so the per-request cost is a
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
+from typing import ParamSpec, Protocol, TypeVar
 
 from hints_spec import (
     MAX_ID_LENGTH,
@@ -32,6 +34,7 @@ from ._errors import UserError
 from ._sentinel import UNSET, Unset
 
 __all__ = [
+    "ContextThreadPoolExecutor",
     "HintArgumentError",
     "ResolvedScope",
     "SendWatch",
@@ -234,6 +237,25 @@ def _resolve(base: ResolvedScope | None, overrides: Mapping[str, object]) -> Res
         advice = _ADVICE.get(err.code)
         hint = f" ({advice})" if advice else ""
         raise HintArgumentError(f"hint_scope({given}): {err.message}{hint}", err.code) from err
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class ContextThreadPoolExecutor(ThreadPoolExecutor):
+    """A ``ThreadPoolExecutor`` whose tasks run in a copy of the submitting context, so
+    the ``hint_scope`` active at ``submit`` / ``map`` reaches the hinted requests they make.
+
+    Threads do not inherit context variables: a plain executor's tasks (and
+    ``loop.run_in_executor``'s) run outside any scope, where requests carry no hints.
+    ``asyncio.to_thread`` and anyio's ``to_thread.run_sync`` copy the context already;
+    elsewhere, ``contextvars.copy_context().run(fn, ...)`` does it for one call.
+    """
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+        context = contextvars.copy_context()
+        return super().submit(functools.partial(context.run, fn, *args, **kwargs))
 
 
 class hint_scope:
