@@ -111,6 +111,8 @@ from ._tracing import (
     SERVER_ADDRESS,
     SERVER_PORT,
     ClientMetrics,
+    input_content,
+    output_content,
 )
 from ._usage import Usage
 
@@ -147,6 +149,7 @@ class RunEnv:
     tracer: Tracer
     metrics: ClientMetrics
     server: tuple[str, int] | None
+    capture_content: bool = False  # message content on chat spans (opted in)
     calls: int = 0
     _forks: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -433,6 +436,8 @@ async def _call_model(
         attributes[GEN_AI_OUTPUT_TYPE] = "json"
     if gap is not None:
         attributes[AGENT_HINTS_GAP] = gap
+    if env.capture_content:
+        attributes |= input_content(request["messages"])
     started = time.monotonic()
     with (
         env.tracer.start_as_current_span(
@@ -459,6 +464,8 @@ async def _call_model(
                 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_tokens,
             }
         )
+        if env.capture_content:
+            span.set_attributes(output_content(response))
     env.metrics.operation_duration.record(time.monotonic() - started, metric_attributes)
     if response.usage is not None:
         for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):

@@ -40,7 +40,7 @@ from ._result import RunResult
 from ._scope import check_session_id, current_hints
 from ._session import Session, SessionStats
 from ._stream import Publish, RunResultStreaming, StreamEvent
-from ._tracing import ClientMetrics, tracer
+from ._tracing import ClientMetrics, capture_content, tracer
 
 __all__ = ["DEFAULT_MAX_TURNS", "Runner"]
 
@@ -263,6 +263,7 @@ async def _run_root(run: _Run, publish: Publish | None) -> RunResult:
         tracer=tracer(config.tracer_provider),
         metrics=ClientMetrics(config.meter_provider),
         server=server_of(run.client),
+        capture_content=capture_content(),
     )
     context = root_context(run.agent, run.model, session_id, run.context, env)
     history = await session.get_items() if session is not None else []

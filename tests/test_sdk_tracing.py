@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
+
 import httpx2
 import openai
 import pytest
@@ -28,11 +31,14 @@ from agentsdk._tracing import (
     AGENT_HINTS_GAP,
     AGENT_HINTS_PARENT_BRANCH,
     AGENT_HINTS_TOOL_ETA,
+    CAPTURE_CONTENT_ENV,
     ERROR_TYPE,
     GEN_AI_AGENT_DESCRIPTION,
     GEN_AI_AGENT_NAME,
     GEN_AI_CONVERSATION_ID,
+    GEN_AI_INPUT_MESSAGES,
     GEN_AI_OPERATION_NAME,
+    GEN_AI_OUTPUT_MESSAGES,
     GEN_AI_OUTPUT_TYPE,
     GEN_AI_PROVIDER_NAME,
     GEN_AI_REQUEST_MAX_TOKENS,
@@ -42,6 +48,7 @@ from agentsdk._tracing import (
     GEN_AI_REQUEST_TOP_P,
     GEN_AI_RESPONSE_ID,
     GEN_AI_RESPONSE_MODEL,
+    GEN_AI_SYSTEM_INSTRUCTIONS,
     GEN_AI_TOKEN_TYPE,
     GEN_AI_TOOL_CALL_ID,
     GEN_AI_TOOL_DESCRIPTION,
@@ -50,8 +57,10 @@ from agentsdk._tracing import (
     GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
     GEN_AI_USAGE_INPUT_TOKENS,
     GEN_AI_USAGE_OUTPUT_TOKENS,
+    SCHEMA_URL,
     SERVER_ADDRESS,
     SERVER_PORT,
+    VERSION,
 )
 
 from sdk_calls import FakeServer, chat_reply
@@ -285,3 +294,74 @@ async def test_genai_client_metrics_with_a_meter_provider() -> None:
     failed = next(p for p in durations if ERROR_TYPE in (p.attributes or {}))
     assert ok.count == 2 and ok.sum > 0
     assert (failed.attributes or {})[ERROR_TYPE] == "APITimeoutError"
+
+
+@tool
+def broken() -> str:
+    """Fail."""
+    raise OSError("disk full")
+
+
+async def test_scope_version_schema_and_exception_events_on_failing_tools() -> None:
+    provider, exporter = _spans()
+    model = ScriptedModel([[ScriptedCall("broken")], "sorry"])
+    agent = Agent(name="coder", model="tiny", tools=[broken])
+    await Runner.run(agent, "go", client=model, run_config=RunConfig(tracer_provider=provider))
+    spans = exporter.get_finished_spans()
+    scope = spans[0].instrumentation_scope
+    assert scope is not None
+    assert (scope.name, scope.version, scope.schema_url) == ("agentsdk", VERSION, SCHEMA_URL)
+    assert importlib.metadata.version("agent-hints") == VERSION
+    [failed] = [s for s in spans if s.name == "execute_tool broken"]
+    [event] = failed.events
+    assert event.name == "exception" and event.attributes is not None
+    assert event.attributes["exception.type"] == "OSError"
+    assert "disk full" in str(event.attributes["exception.message"])
+    reader = InMemoryMetricReader()
+    await Runner.run(
+        agent,
+        "go",
+        client=ScriptedModel(["fine"]),
+        run_config=RunConfig(meter_provider=MeterProvider(metric_readers=[reader])),
+    )
+    data = reader.get_metrics_data()
+    assert data is not None
+    meter_scope = data.resource_metrics[0].scope_metrics[0].scope
+    assert (meter_scope.version, meter_scope.schema_url) == (VERSION, SCHEMA_URL)
+
+
+@pytest.mark.parametrize("opt_in", [None, "true", "SPAN_ONLY"])
+async def test_message_content_only_when_opted_in(
+    monkeypatch: pytest.MonkeyPatch, opt_in: str | None
+) -> None:
+    if opt_in is not None:
+        monkeypatch.setenv(CAPTURE_CONTENT_ENV, opt_in)
+    else:
+        monkeypatch.delenv(CAPTURE_CONTENT_ENV, raising=False)
+    provider, exporter = _spans()
+    model = ScriptedModel([[ScriptedCall("run_tests")], "all green"])
+    agent = Agent(name="coder", instructions="Fix.", model="tiny", tools=[run_tests])
+    await Runner.run(agent, "go", client=model, run_config=RunConfig(tracer_provider=provider))
+    chats = [s for s in exporter.get_finished_spans() if s.name == "chat tiny"]
+    attributes = [dict(s.attributes or {}) for s in chats]
+    if opt_in is None:  # off by default
+        assert not any(
+            GEN_AI_INPUT_MESSAGES in a or GEN_AI_OUTPUT_MESSAGES in a for a in attributes
+        )
+        return
+    first, second = attributes
+    assert json.loads(str(first[GEN_AI_SYSTEM_INSTRUCTIONS])) == [
+        {"type": "text", "content": "Fix."}
+    ]
+    assert json.loads(str(first[GEN_AI_INPUT_MESSAGES])) == [
+        {"role": "user", "parts": [{"type": "text", "content": "go"}]}
+    ]
+    [called] = json.loads(str(first[GEN_AI_OUTPUT_MESSAGES]))
+    assert called["finish_reason"] == "tool_calls"
+    assert [(p["type"], p["name"]) for p in called["parts"] if p["type"] == "tool_call"] == [
+        ("tool_call", "run_tests")
+    ]
+    replies = json.loads(str(second[GEN_AI_INPUT_MESSAGES]))
+    assert replies[-1]["role"] == "tool" and replies[-1]["parts"][0]["type"] == "tool_call_response"
+    [answer] = json.loads(str(second[GEN_AI_OUTPUT_MESSAGES]))
+    assert answer["parts"] == [{"type": "text", "content": "all green"}]
