@@ -1,0 +1,205 @@
+"""The simulator against the test bed: a suite run replayed in simulation.
+
+``--preset testbed --validate RUN.json`` reads a ``benchmarks.suite`` JSON,
+configures the simulator as that run's bed (the generated tiny model's KV
+bytes, the family's device blocks, the run's tier bytes, the CPU build's
+scheduler limits, and step costs from the run's own measurements), replays
+each trace family's sessions as the suite's client sent them, and sets the
+simulated reuse and mean TTFT of plain, hint-free and the extension beside
+the measured ones (medians over the repeats of the quiet condition, else the
+noisy one). It holds where reuse is within 5 points and mean TTFT within 25%.
+
+Step costs (``Measured``) from the run: seconds per prefilled token from
+plain vLLM's engine-side prefill time (``server_prefill_time_mean_s`` times
+its requests over its ``server_prefill_tokens``), and a step's fixed cost
+from the unlimited bound's prefill time less its tokens' share (its requests
+prefill little, so what is left is the step).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from server_ext import make_test_model
+
+from .._ceiling import kv_block_bytes
+from .._suite import FAMILIES, Family
+from .._traces import default_traces_dir, select_traces
+from ._cluster import RunSpec, run
+from ._model import MEMCPY, Measured, Preset
+from ._summary import summarize
+from ._workload import Pacing, from_trace
+
+__all__ = ["REUSE_POINTS", "TESTBED", "TTFT_SHARE", "testbed_preset", "validate"]
+
+TESTBED = "testbed"
+REUSE_POINTS = 0.05
+TTFT_SHARE = 0.25
+_CONFIGS = ("plain", "hint-free", "extension")
+_CPU_BATCHED_TOKENS = 2048
+"""vLLM's CPU default ``max_num_batched_tokens`` for the API server (arg_utils)."""
+_CPU_MAX_SEQS = 128
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _measured(repeats: Mapping[str, Any], config: str, key: str) -> float | None:
+    return _median([r[config]["summary"].get(key) for r in repeats.values() if config in r])
+
+
+def step_costs(repeats: Mapping[str, Any]) -> Measured:
+    """The bed's step costs from a family's runs (module doc)."""
+    plain_time = _measured(repeats, "plain", "server_prefill_time_mean_s") or 0.0
+    plain_req = _measured(repeats, "plain", "requests") or 1.0
+    plain_tokens = _measured(repeats, "plain", "server_prefill_tokens") or 1.0
+    per_token = plain_time * plain_req / plain_tokens
+    bound_time = _measured(repeats, "unlimited", "server_prefill_time_mean_s")
+    bound_req = _measured(repeats, "unlimited", "requests") or 1.0
+    bound_tokens = _measured(repeats, "unlimited", "server_prefill_tokens") or 0.0
+    fixed = 0.0
+    if bound_time is not None:
+        fixed = max(bound_time - per_token * bound_tokens / bound_req, 0.0)
+    return Measured(step_s_fixed=fixed, prefill_token_s=per_token, decode_seq_s=0.0)
+
+
+def testbed_preset(
+    args: Mapping[str, Any], family: Family, tier_bytes: int, cost: Measured
+) -> Preset:
+    block = int(args.get("block_size", 64))
+    with tempfile.TemporaryDirectory(prefix="sim-model-") as tmp:
+        block_bytes = kv_block_bytes(make_test_model(tmp), block)
+    return Preset(
+        name=TESTBED,
+        cost=cost,
+        block_tokens=block,
+        device_blocks=family.kv_blocks,
+        kv_block_bytes=block_bytes,
+        host_tier_bytes=tier_bytes,
+        pcie=MEMCPY,
+        pool_link=MEMCPY,
+        max_batched_tokens=_CPU_BATCHED_TOKENS,
+        max_seqs=_CPU_MAX_SEQS,
+        token_scale=int(args.get("scale_k", 4)) / 64,
+        max_out=int(args.get("max_out", 32)),
+        max_model_len=int(args.get("max_model_len", 8192)),
+        description="the CPU test bed (generated tiny model)",
+    )
+
+
+def validate(
+    path: Path, repo_root: Path, traces_dir: Path | None, family_name: str | None = None
+) -> dict[str, Any]:
+    """``families.<family>.<config>`` for every trace family of the run (or
+    ``family_name``'s only), and ``validation.<config>``: the first one's."""
+    data = json.loads(path.read_text())
+    args: dict[str, Any] = data.get("args", {})
+    tier_bytes = int(data["tier_bytes"])
+    directory = traces_dir or (Path(args["traces"]) if args.get("traces") else None)
+    directory = directory or default_traces_dir(repo_root)
+    out: dict[str, Any] = {}
+    lines = [
+        f"{'family':<10}{'config':<11}{'reuse meas.':>12}{'sim.':>8}{'TTFT mean meas.':>17}"
+        f"{'sim.':>8}{'ratio':>7}  holds",
+        "-" * 80,
+    ]
+    passed = True
+    for name, conditions in data.get("runs", {}).items():
+        family = FAMILIES.get(name)
+        if family is None or family.source != "traces":
+            continue
+        if family_name is not None and name != family_name:
+            continue
+        condition = "quiet" if "quiet" in conditions else next(iter(conditions))
+        repeats = conditions[condition]
+        k = int(args.get("scale_k", 4))
+        max_prompt = int(args.get("max_model_len", 8192)) - int(args.get("max_out", 32))
+        traces = select_traces(
+            directory,
+            k,
+            max_prompt,
+            n_traces=args.get("sessions") or family.n_traces,
+            max_requests=args.get("max_requests") or family.max_requests,
+        )
+        cost = step_costs(repeats)
+        preset = testbed_preset(args, family, tier_bytes, cost)
+        pacing = Pacing(
+            time_scale=family.time_scale,
+            max_wait_s=family.max_think_s,
+            token_scale=preset.token_scale,
+            block_tokens=preset.block_tokens,
+            max_out=preset.max_out,
+        )
+        templates = [from_trace(t, pacing) for t in traces]
+        spec = RunSpec(
+            preset=preset,
+            control=family.control,
+            unhinted=family.unhinted([t.trace_id for t in traces]),
+            prior_gap_s=pacing.wait(10.0),
+            prior_user_wait_s=pacing.wait(60.0),
+        )
+        rows: dict[str, Any] = {
+            "condition": condition,
+            "step_costs": {
+                "step_s_fixed": cost.step_s_fixed,
+                "prefill_token_s": cost.prefill_token_s,
+            },
+        }
+        for config in _CONFIGS:
+            if not any(config in r for r in repeats.values()):
+                continue
+            records, cluster = run(spec, config, templates, hinted=True)
+            sim = summarize(records, cluster, len(templates), slo_p90_s=float("inf"))
+            m_reuse = _measured(repeats, config, "reuse_of_theoretical")
+            m_ttft = _measured(repeats, config, "ttft_mean_s")
+            s_reuse, s_ttft = sim["reuse_of_theoretical"], sim["ttft_mean_s"]
+            holds = (
+                m_reuse is not None
+                and s_reuse is not None
+                and abs(s_reuse - m_reuse) <= REUSE_POINTS
+                and m_ttft is not None
+                and s_ttft is not None
+                and abs(s_ttft / m_ttft - 1) <= TTFT_SHARE
+            )
+            passed = passed and holds
+            rows[config] = {
+                "measured_reuse": m_reuse,
+                "simulated_reuse": s_reuse,
+                "measured_ttft_mean_s": m_ttft,
+                "simulated_ttft_mean_s": s_ttft,
+                "holds": holds,
+            }
+            ratio = s_ttft / m_ttft if m_ttft and s_ttft is not None else None
+            lines.append(
+                f"{name:<10}{config:<11}{_pct(m_reuse):>12}{_pct(s_reuse):>8}"
+                f"{_num(m_ttft):>17}{_num(s_ttft):>8}{_num(ratio, '.2f'):>7}  "
+                f"{'yes' if holds else 'NO'}"
+            )
+        out[name] = rows
+    if not out:
+        raise SystemExit(f"error: {path} has no run of a trace family {family_name or ''}")
+    first = next(iter(out.values()))
+    validation = {c: first[c] for c in _CONFIGS if c in first}
+    return {
+        "validation": validation,
+        "validated_family": next(iter(out)),
+        "families": out,
+        "passed": passed,
+        "table": "\n".join(lines),
+        "source": str(path),
+    }
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _num(v: float | None, spec: str = ".3f") -> str:
+    return "-" if v is None else format(v, spec)
