@@ -26,11 +26,13 @@ import itertools
 import random
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from hints_spec import USER_TOOL, AgentHints
+from hints_spec.core import Event, ToolEndEvent, ToolStartEvent
 from server_ext._config import ExtensionConfig
-from server_ext._engine import EngineRetention, control_params, hint_params
+from server_ext._contract import control_params, hint_params
+from server_ext._engine import EngineRetention
 from server_ext._tenant import DEFAULT_TENANT
 from server_ext.policy import RetentionPolicy
 
@@ -265,7 +267,7 @@ class _Clients:
             if returned is not None:
                 waited_on.observe(c.now - returned)
                 if waited_on is s.gaps and s.control == "tools":
-                    self._control(s, {"type": "tool_end", "br": br})
+                    self._control(s, ToolEndEvent(br=br))
             gap = s.gaps.estimate()
             yield _Send(step, branch, gap)
             returned = c.now
@@ -274,16 +276,12 @@ class _Clients:
                 waited_on = s.user_waits
                 if s.control != "none":
                     eta = round(s.user_waits.estimate(), 3)
-                    self._control(
-                        s, {"type": "tool_start", "br": br, "tool": USER_TOOL, "eta": eta}
-                    )
+                    self._control(s, ToolStartEvent(tool=USER_TOOL, br=br, eta=eta))
             elif not step.end and s.control == "tools":
                 tool = step.tool or "tool"
-                self._control(
-                    s, {"type": "tool_start", "br": br, "tool": tool, "eta": round(gap, 3)}
-                )
+                self._control(s, ToolStartEvent(tool=tool, br=br, eta=round(gap, 3)))
 
-    def _control(self, s: _Session, event: dict[str, Any]) -> None:
+    def _control(self, s: _Session, event: Event) -> None:
         if not s.hinted or s.engine is None:
             return
         params = control_params(DEFAULT_TENANT, s.sid, [event])

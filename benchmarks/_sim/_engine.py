@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 
+from server_ext._contract import read_control
 from server_ext._engine import EngineRetention
 
 from ._cache import DevicePool
@@ -141,8 +142,11 @@ class Engine:
         self.kick()
 
     def control(self, request_id: str, params: dict[str, Any]) -> None:
-        if self.retention is not None:
-            self.retention.control(params["agent_hints_control"])
+        """A control message: to the retention, and to the tier's policy as
+        vLLM's offloading sees one (a request with no blocks)."""
+        message = read_control(params)
+        if self.retention is not None and message is not None:
+            self.retention.control(message)
         if self.tier is not None:
             self.tier.control(request_id, params)
 
