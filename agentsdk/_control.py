@@ -39,7 +39,7 @@ from hints_spec import (
 )
 
 from ._client import CONTROL_TIMEOUT, has_header, sync_twin
-from ._errors import UserError
+from ._errors import UserError, warn_user
 
 __all__ = ["CONTROL_TIMEOUT", "ControlChannel", "ControlSender", "ControlSink"]
 
@@ -307,7 +307,12 @@ class ControlChannel(Generic[_ClientT]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.flush_sync()
+        if not self.flush_sync():
+            warn_user(
+                "ControlChannel: a `with` block in a running event loop cannot wait for its"
+                " events (they are still sent): use `async with` there",
+                RuntimeWarning,
+            )
         self._close_twin()
 
     async def __aenter__(self) -> ControlChannel[_ClientT]:

@@ -133,7 +133,8 @@ class SQLiteSession:
     Concurrent runs of the same session in different processes interleave their messages
     and the last ``save_stats`` wins; ``pop_item`` is atomic across processes (each item
     is returned once). A file whose tables a newer version of this SDK
-    wrote is refused (``UserError``) rather than misread.
+    wrote is refused (``UserError``) rather than misread. ``close()`` (or leaving a
+    ``with`` / ``async with`` block) closes the connection.
     """
 
     def __init__(self, session_id: str, db_path: str | os.PathLike[str] = ":memory:") -> None:
@@ -222,6 +223,18 @@ class SQLiteSession:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def __enter__(self) -> SQLiteSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> SQLiteSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
 
     async def _run(self, query: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``query`` in one transaction, in a worker thread."""

@@ -164,7 +164,10 @@ class RunResultStreaming:
         self._group.cancel_scope.cancel()  # no-op once the run is over
         # The run's own errors are kept for the reader: the group only ever sees a
         # cancellation, and the caller's exception (if any) propagates as itself.
-        await self._group.__aexit__(None, None, None)
+        try:
+            await self._group.__aexit__(None, None, None)
+        finally:
+            self._receive.close()  # events nobody read are dropped with it
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self.stream_events()
@@ -176,9 +179,11 @@ class RunResultStreaming:
             self._claim()
             self._task = asyncio.get_running_loop().create_task(self._drive())
         try:
-            async for event in self._receive:
-                yield event
+            with contextlib.suppress(anyio.ClosedResourceError):  # iterated before
+                async for event in self._receive:
+                    yield event
         finally:
+            self._receive.close()  # one iteration per stream (a later one sees none)
             if owned:
                 await self.cancel()
         if self._error is not None:
