@@ -62,9 +62,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0, help="waits divided by this")
     p.add_argument("--max-wait", type=float, default=0.0, help="cap on one wait, s (0: none)")
     p.add_argument("--control", choices=("none", "turns", "tools"), help="hinted client style")
+    p.add_argument(
+        "--block-tokens",
+        type=int,
+        help="tokens per tracked block (default: the preset's); larger runs faster, "
+        "rounding each cached prefix down to it",
+    )
     p.add_argument("--slo-p90", type=float, default=2.0, help="TTFT p90 SLO, s")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--validate", type=Path, help="a benchmarks.suite JSON (--preset testbed)")
+    p.add_argument(
+        "--validate",
+        type=Path,
+        nargs="+",
+        help="benchmarks.suite JSON files, merged by family (--preset testbed)",
+    )
     p.add_argument("--family", help="--validate: only this family of the run")
     p.add_argument("--out", type=Path, default=Path("results/simulate.json"))
     return p
@@ -107,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.preset not in PRESETS:
         sys.exit(f"error: --preset {args.preset!r}: one of {', '.join(PRESETS)} (or testbed)")
     preset: Preset = PRESETS[args.preset]
+    if args.block_tokens:
+        preset = preset.with_block_tokens(args.block_tokens)
     pacing = Pacing(
         time_scale=args.time_scale,
         max_wait_s=args.max_wait,

@@ -226,7 +226,7 @@ def test_validation_compares_the_simulated_runs_with_the_measured(tmp_path: Path
     }
     path = tmp_path / "suite.json"
     path.write_text(json.dumps(suite))
-    report = validate(path, tmp_path, None)
+    report = validate([path], tmp_path, None)
     assert set(report["validation"]) == {"plain", "hint-free", "extension"}
     row = report["validation"]["plain"]
     assert row["measured_reuse"] == 0.5
@@ -235,8 +235,8 @@ def test_validation_compares_the_simulated_runs_with_the_measured(tmp_path: Path
         runs[config]["summary"]["reuse_of_theoretical"] = r["simulated_reuse"]
         runs[config]["summary"]["ttft_mean_s"] = r["simulated_ttft_mean_s"]
     path.write_text(json.dumps(suite))
-    assert validate(path, tmp_path, None)["passed"]
+    assert validate([path], tmp_path, None)["passed"]
     for config in ("plain", "hint-free", "extension"):
         runs[config]["summary"]["ttft_mean_s"] *= 2
     path.write_text(json.dumps(suite))
-    assert not validate(path, tmp_path, None)["passed"]
+    assert not validate([path], tmp_path, None)["passed"]

@@ -233,8 +233,15 @@ class Preset:
     def host_tier_blocks(self) -> int:
         return self.host_tier_bytes // self.kv_block_bytes
 
-    def with_device_blocks(self, blocks: int) -> Preset:
-        return replace(self, device_blocks=blocks)
+    def with_block_tokens(self, tokens: int) -> Preset:
+        """The same engine tracked at ``tokens`` per block (same bytes)."""
+        scale = tokens / self.block_tokens
+        return replace(
+            self,
+            block_tokens=tokens,
+            device_blocks=int(self.device_blocks / scale),
+            kv_block_bytes=int(self.kv_block_bytes * scale),
+        )
 
 
 def _gpu_preset(

@@ -9,11 +9,12 @@ simulated reuse and mean TTFT of plain, hint-free and the extension beside
 the measured ones (medians over the repeats of the quiet condition, else the
 noisy one). It holds where reuse is within 5 points and mean TTFT within 25%.
 
-Step costs (``Measured``) from the run: seconds per prefilled token from
-plain vLLM's engine-side prefill time (``server_prefill_time_mean_s`` times
-its requests over its ``server_prefill_tokens``), and a step's fixed cost
-from the unlimited bound's prefill time less its tokens' share (its requests
-prefill little, so what is left is the step).
+Step costs (``Measured``) from the runs: each configuration's engine-side
+prefill time per request (``server_prefill_time_mean_s``) against the tokens
+it prefilled per request (``server_prefill_tokens`` over ``requests``); a
+line through those points gives seconds per prefilled token (its slope) and
+a step's fixed cost (its intercept). Several suite files of one family
+(e.g. one per configuration) are merged.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from server_ext import make_test_model
 
 from .._ceiling import kv_block_bytes
+from .._server import extension_tier_bytes
 from .._suite import FAMILIES, Family
 from .._traces import default_traces_dir, select_traces
 from ._cluster import RunSpec, run
@@ -56,18 +58,30 @@ def _measured(repeats: Mapping[str, Any], config: str, key: str) -> float | None
 
 
 def step_costs(repeats: Mapping[str, Any]) -> Measured:
-    """The bed's step costs from a family's runs (module doc)."""
-    plain_time = _measured(repeats, "plain", "server_prefill_time_mean_s") or 0.0
-    plain_req = _measured(repeats, "plain", "requests") or 1.0
-    plain_tokens = _measured(repeats, "plain", "server_prefill_tokens") or 1.0
-    per_token = plain_time * plain_req / plain_tokens
-    bound_time = _measured(repeats, "unlimited", "server_prefill_time_mean_s")
-    bound_req = _measured(repeats, "unlimited", "requests") or 1.0
-    bound_tokens = _measured(repeats, "unlimited", "server_prefill_tokens") or 0.0
-    fixed = 0.0
-    if bound_time is not None:
-        fixed = max(bound_time - per_token * bound_tokens / bound_req, 0.0)
-    return Measured(step_s_fixed=fixed, prefill_token_s=per_token, decode_seq_s=0.0)
+    """The bed's step costs from a family's runs (module doc): a line through
+    each run's engine-side prefill time against its prefill tokens per
+    request (least squares; through the origin with one point)."""
+    points = []
+    for r in repeats.values():
+        for config_run in r.values():
+            s = config_run["summary"]
+            time_s, tokens, n = (
+                s.get("server_prefill_time_mean_s"),
+                s.get("server_prefill_tokens"),
+                s.get("requests"),
+            )
+            if time_s is not None and tokens and n:
+                points.append((tokens / n, time_s))
+    if not points:
+        raise SystemExit("error: the run has no server_prefill_time_mean_s to take step costs from")
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    if len(points) > 1 and max(xs) > min(xs):
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+        if slope > 0:
+            return Measured(max(my - slope * mx, 0.0), slope, 0.0)
+    return Measured(0.0, sum(ys) / sum(xs), 0.0)
 
 
 def testbed_preset(
@@ -94,14 +108,32 @@ def testbed_preset(
     )
 
 
+def _merge(paths: Sequence[Path]) -> dict[str, Any]:
+    """The runs of several suite files as one: each file's repeats kept apart."""
+    merged: dict[str, Any] = {"runs": {}}
+    for i, path in enumerate(paths):
+        data = json.loads(path.read_text())
+        merged.setdefault("args", data.get("args", {}))
+        merged.setdefault("tier_bytes", data.get("tier_bytes"))
+        for family, conditions in data.get("runs", {}).items():
+            for condition, repeats in conditions.items():
+                into = merged["runs"].setdefault(family, {}).setdefault(condition, {})
+                for repeat, configs in repeats.items():
+                    into[f"{i}:{repeat}"] = configs
+    return merged
+
+
 def validate(
-    path: Path, repo_root: Path, traces_dir: Path | None, family_name: str | None = None
+    paths: Sequence[Path],
+    repo_root: Path,
+    traces_dir: Path | None,
+    family_name: str | None = None,
 ) -> dict[str, Any]:
-    """``families.<family>.<config>`` for every trace family of the run (or
+    """``families.<family>.<config>`` for every trace family of the runs (or
     ``family_name``'s only), and ``validation.<config>``: the first one's."""
-    data = json.loads(path.read_text())
-    args: dict[str, Any] = data.get("args", {})
-    tier_bytes = int(data["tier_bytes"])
+    data = _merge(paths)
+    args: dict[str, Any] = data["args"]
+    tier_bytes = int(data["tier_bytes"] or extension_tier_bytes())
     directory = traces_dir or (Path(args["traces"]) if args.get("traces") else None)
     directory = directory or default_traces_dir(repo_root)
     out: dict[str, Any] = {}
@@ -184,7 +216,7 @@ def validate(
             )
         out[name] = rows
     if not out:
-        raise SystemExit(f"error: {path} has no run of a trace family {family_name or ''}")
+        raise SystemExit(f"error: no run of a trace family {family_name or ''} in {paths}")
     first = next(iter(out.values()))
     validation = {c: first[c] for c in _CONFIGS if c in first}
     return {
@@ -193,7 +225,7 @@ def validate(
         "families": out,
         "passed": passed,
         "table": "\n".join(lines),
-        "source": str(path),
+        "source": [str(p) for p in paths],
     }
 
 
