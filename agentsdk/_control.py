@@ -90,7 +90,8 @@ class ControlSender:
     current at that moment, so each POST carries the ``traceparent`` of the span that
     caused its events. One worker at a time posts the queue in order (a ``tool_end``
     overtaking its ``tool_start`` would mislead the server): a task on the submitting
-    thread's event loop, or a daemon thread where there is none. Whatever queued up during
+    thread's event loop (from a thread without one, on the loop that last submitted, if
+    it still runs), or else a daemon thread. Whatever queued up during
     a POST goes in the next, merged up to the protocol's 64 events while the events share
     a session and a trace context. A worker cancelled with its loop hands what is left to
     a thread, so a cancelled run's last events (its end, or the wait on its user), the ones
@@ -107,6 +108,7 @@ class ControlSender:
         self._done = 0  # events posted or given up
         self._working = False
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # of the last submit from a loop
         self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     def submit(
@@ -122,11 +124,24 @@ class ControlSender:
                 return
             self._working = True
         try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop in this thread
-            self._start_thread()
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop in this thread: the last one used, else a thread
+            loop = self._loop
+            try:
+                if loop is None or not loop.is_running():
+                    raise RuntimeError("no loop")
+                loop.call_soon_threadsafe(self._start_task)
+            except RuntimeError:
+                self._start_thread()
         else:
-            self._task = loop.create_task(self._work_async())  # held: not collected mid-POST
+            self._start_task()
+
+    def bind_loop(self) -> None:
+        """Post on this thread's running loop (if any) from now on, also what threads
+        without a loop submit: where an async client's pool lives, for an adapter whose
+        events can come from worker threads before any from the loop."""
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
 
     async def flush(self) -> None:
         """Wait until every event submitted so far is posted (or given up)."""
@@ -149,6 +164,11 @@ class ControlSender:
                         return False
             mark = self._submitted
             return self._lock.wait_for(lambda: self._done >= mark, timeout)
+
+    def _start_task(self) -> None:
+        """Start the worker on this thread's running loop (it keeps the client's own
+        connection pool); held, so that it is not collected mid-POST."""
+        self._task = asyncio.get_running_loop().create_task(self._work_async())
 
     def _start_thread(self) -> None:
         threading.Thread(target=self._work_thread, name="agent-hints-control", daemon=True).start()

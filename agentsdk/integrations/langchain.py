@@ -119,6 +119,7 @@ class HintsCallbackHandler(BaseCallbackHandler):
         invocation_params: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        self._channel.sender.bind_loop()
         sid = _session(metadata)
         if sid is None:
             return
@@ -179,6 +180,7 @@ class HintsCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        self._channel.sender.bind_loop()  # an async run's: its tools' threads post on it
         sid = _session(metadata)
         if sid is None:
             return
