@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate
 from pathlib import Path
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -19,7 +20,7 @@ from hints_spec import USER_TOOL
 
 from ._report import ConfigRun, returns
 
-__all__ = ["write_calibration_plot", "write_plots", "write_ratio_plot"]
+__all__ = ["write_calibration_plot", "write_plots", "write_ratio_plot", "write_sweep_plot"]
 
 _FLOOR_S = 1e-3
 """Waits and ETAs below this are drawn at it: a log axis has no 0."""
@@ -178,6 +179,37 @@ def write_ratio_plot(
     ax.set_title("The extension with its defaults against plain vLLM, per workload")
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(loc="best", fontsize="small")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def write_sweep_plot(
+    sweep: Sequence[Mapping[str, Any]], path: Path, title: str, slo_s: float
+) -> Path:
+    """Write a simulation sweep (``benchmarks.simulate --rates``): per
+    configuration, TTFT p90 and reuse against the session arrival rate, with
+    the TTFT SLO as a line."""
+    fig = Figure(figsize=(11.0, 4.5), layout="tight")
+    FigureCanvasAgg(fig)
+    ttft_ax, reuse_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    rates = [point["rate"] for point in sweep]
+    configs = list(sweep[0]["summary"]) if sweep else []
+    for config in configs:
+        summaries = [point["summary"][config] for point in sweep]
+        ttft_ax.plot(rates, [s["ttft_p90_s"] for s in summaries], marker="o", label=config)
+        reuse = [100 * (s["reuse_of_theoretical"] or 0.0) for s in summaries]
+        reuse_ax.plot(rates, reuse, marker="o", label=config)
+    ttft_ax.axhline(slo_s, color="red", linewidth=0.8, linestyle="--", label=f"SLO {slo_s:g} s")
+    ttft_ax.set_yscale("log")
+    ttft_ax.set_xlabel("session arrivals per second")
+    ttft_ax.set_ylabel("TTFT p90 (s, log scale)")
+    reuse_ax.set_xlabel("session arrivals per second")
+    reuse_ax.set_ylabel("reuse of the theoretical maximum (%)")
+    for ax in (ttft_ax, reuse_ax):
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+    fig.suptitle(title)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path

