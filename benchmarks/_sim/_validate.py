@@ -13,13 +13,18 @@ Step costs (``Measured``) from the runs: each configuration's engine-side
 prefill time per request (``server_prefill_time_mean_s``) against the tokens
 it prefilled per request (``server_prefill_tokens`` over ``requests``); a
 line through those points gives seconds per prefilled token (its slope) and
-a step's fixed cost (its intercept). Several suite files of one family
-(e.g. one per configuration) are merged.
+a step's fixed cost (its intercept). A request's prefill time holds the
+whole steps it shared with others, so where the run's vLLM logs lie beside
+its JSON (``<name>-logs/``, as the suite writes them) the seconds per token
+are instead the engine's saturated prompt throughput there
+(``logged_token_s``). Several suite files of one family (e.g. one per
+configuration) are merged.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -57,7 +62,32 @@ def _measured(repeats: Mapping[str, Any], config: str, key: str) -> float | None
     return _median([r[config]["summary"].get(key) for r in repeats.values() if config in r])
 
 
-def step_costs(repeats: Mapping[str, Any]) -> Measured:
+_THROUGHPUT = re.compile(
+    r"Avg prompt throughput: ([\d.]+) tokens/s.*Waiting: (\d+) reqs.*"
+    r"Prefix cache hit rate: ([\d.]+)%.*External prefix cache hit rate: ([\d.]+)%"
+)
+
+
+def logged_token_s(logs: Sequence[Path]) -> float | None:
+    """Seconds per prefilled token from the run's vLLM logs: the median
+    prompt throughput over the intervals in which requests waited (the
+    engine saturated) before any prefix-cache hit (vLLM's prompt throughput
+    counts cached tokens too)."""
+    rates = []
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            m = _THROUGHPUT.search(line)
+            if m is None:
+                continue
+            rate, waiting, local, external = (float(g) for g in m.groups())
+            if local > 0 or external > 0:
+                break  # from here on the throughput counts hits
+            if waiting > 0 and rate > 0:
+                rates.append(rate)
+    return 1.0 / statistics.median(rates) if rates else None
+
+
+def step_costs(repeats: Mapping[str, Any], logs: Sequence[Path] = ()) -> Measured:
     """The bed's step costs from a family's runs (module doc): a line through
     each run's engine-side prefill time against its prefill tokens per
     request (least squares; through the origin with one point)."""
@@ -72,6 +102,7 @@ def step_costs(repeats: Mapping[str, Any]) -> Measured:
             )
             if time_s is not None and tokens and n:
                 points.append((tokens / n, time_s))
+    logged = logged_token_s(logs)
     if not points:
         raise SystemExit("error: the run has no server_prefill_time_mean_s to take step costs from")
     xs = [x for x, _ in points]
@@ -80,8 +111,8 @@ def step_costs(repeats: Mapping[str, Any]) -> Measured:
         mx, my = statistics.fmean(xs), statistics.fmean(ys)
         slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
         if slope > 0:
-            return Measured(max(my - slope * mx, 0.0), slope, 0.0)
-    return Measured(0.0, sum(ys) / sum(xs), 0.0)
+            return Measured(max(my - slope * mx, 0.0), logged or slope, 0.0)
+    return Measured(0.0, logged or sum(ys) / sum(xs), 0.0)
 
 
 def testbed_preset(
@@ -110,11 +141,12 @@ def testbed_preset(
 
 def _merge(paths: Sequence[Path]) -> dict[str, Any]:
     """The runs of several suite files as one: each file's repeats kept apart."""
-    merged: dict[str, Any] = {"runs": {}}
+    merged: dict[str, Any] = {"runs": {}, "logs": []}
     for i, path in enumerate(paths):
         data = json.loads(path.read_text())
         merged.setdefault("args", data.get("args", {}))
         merged.setdefault("tier_bytes", data.get("tier_bytes"))
+        merged["logs"] += sorted(path.with_name(f"{path.stem}-logs").glob("*.log"))
         for family, conditions in data.get("runs", {}).items():
             for condition, repeats in conditions.items():
                 into = merged["runs"].setdefault(family, {}).setdefault(condition, {})
@@ -160,7 +192,7 @@ def validate(
             n_traces=args.get("sessions") or family.n_traces,
             max_requests=args.get("max_requests") or family.max_requests,
         )
-        cost = step_costs(repeats)
+        cost = step_costs(repeats, data["logs"])
         preset = testbed_preset(args, family, tier_bytes, cost)
         pacing = Pacing(
             time_scale=family.time_scale,
