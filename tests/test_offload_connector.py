@@ -39,6 +39,10 @@ class RecordingScheduler:
         self.hit = hit
         self.lookups: list[tuple[int, int | None]] = []
         self.allocations: list[KVCacheBlocks] = []
+        # vLLM's bookkeeping that a step's loads are kept out of
+        self._req_status: dict[str, Any] = {}
+        self._current_batch_load_jobs: dict[int, Any] = {}
+        self.pending_while_building: list[set[int]] = []
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int, max_num_new_tokens: int | None = None
@@ -51,6 +55,11 @@ class RecordingScheduler:
         self, request: Any, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         self.allocations.append(blocks)
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        self.pending_while_building.append(set(self._req_status["r"].transfer_jobs))
+        self._current_batch_load_jobs = {}
+        return "meta"
 
 
 class RecordingWorker:
@@ -120,6 +129,40 @@ def test_an_in_step_load_is_not_a_finished_receive() -> None:
 
 
 OURS = {"spec_name": "HostOffloadingSpec", "spec_module_path": "server_ext.offload"}
+
+
+def test_a_steps_stores_are_built_beside_its_loads() -> None:
+    """vLLM issues a request's stores only while none of its loads is pending
+    (an asynchronous load's request is not running yet); an in-step load is
+    done before that step's stores are submitted, so it is kept out of the
+    check, and back in the books for its completion."""
+    connector, scheduler = _connector(in_step=True)
+    scheduler._req_status["r"] = SimpleNamespace(transfer_jobs={3, 7})  # 7: a store
+    scheduler._current_batch_load_jobs = {3: SimpleNamespace(req_id="r")}
+    assert connector.build_connector_meta(SimpleNamespace()) == "meta"
+    assert scheduler.pending_while_building == [{7}]
+    assert scheduler._req_status["r"].transfer_jobs == {3, 7}
+    # vLLM's connector as it is elsewhere
+    connector, scheduler = _connector(in_step=False)
+    scheduler._req_status["r"] = SimpleNamespace(transfer_jobs={3})
+    scheduler._current_batch_load_jobs = {3: SimpleNamespace(req_id="r")}
+    connector.build_connector_meta(SimpleNamespace())
+    assert scheduler.pending_while_building == [{3}]
+
+
+def test_a_vllm_without_the_touch_points_keeps_its_async_loads(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(connector_module, "_IN_STEP_TOUCH_POINTS", {"_renamed_in_a_later_vllm"})
+    monkeypatch.setattr(HostOffloadingSpec, "copies_on_host", staticmethod(lambda: True))
+
+    def vllms_init(self: OffloadingConnector, *args: object) -> None:
+        self._kv_transfer_config = SimpleNamespace(kv_connector_extra_config=OURS)  # type: ignore[assignment]
+
+    monkeypatch.setattr(OffloadingConnector, "__init__", vllms_init)
+    connector = connector_module.HostOffloadingConnector(None, None, None)  # type: ignore[arg-type]
+    assert connector._loads_in_step is False
+    assert "stay asynchronous" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ synchronous, as vLLM's synchronous connectors do: the scheduler schedules the
 request's remaining tokens in the step that loads its prefix (a load stops
 short of the last token, which that step computes; the load's blocks are
 shown to vLLM's scheduler side unhashed, as an asynchronous allocation leaves
-them, so that it finds where the load starts), and the worker
+them, so that it finds where the load starts; the request's stores of that
+step are issued beside its load, which completes first), and the worker
 does not report the load as a finished receive (vLLM's scheduler expects one
 only for a request that waited). The job itself still completes through
 vLLM's worker metadata, so ``CPUOffloadingManager``'s ``complete_load`` and
@@ -25,8 +26,12 @@ not ``HostOffloadingSpec``) it is vLLM's connector, unchanged.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
+    OffloadingConnectorScheduler,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
@@ -37,10 +42,18 @@ from ._spec import HostOffloadingSpec
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
 __all__ = ["HostOffloadingConnector"]
+
+logger = logging.getLogger(__name__)
+
+_IN_STEP_TOUCH_POINTS = {"_req_status", "_current_batch_load_jobs"}
+"""vLLM's offloading scheduler-side attributes that loads in step read
+(``OffloadingConnectorScheduler``, vLLM 0.32-0.33)."""
 
 
 class HostOffloadingConnector(OffloadingConnector):
@@ -54,6 +67,18 @@ class HostOffloadingConnector(OffloadingConnector):
         extra = self._kv_transfer_config.kv_connector_extra_config
         spec = OffloadingSpecFactory.get_spec_cls(extra)
         self._loads_in_step = issubclass(spec, HostOffloadingSpec) and spec.copies_on_host()
+        # Both roles decide alike (the scheduler process and the workers):
+        # from what vLLM's scheduler side sets up, not from an instance.
+        missing = _IN_STEP_TOUCH_POINTS - set(
+            OffloadingConnectorScheduler.__init__.__code__.co_names
+        )
+        if self._loads_in_step and missing:
+            self._loads_in_step = False
+            logger.warning(
+                "agent-hints offloading: this vLLM's offloading scheduler lacks %s; tier loads "
+                "stay asynchronous (one engine step per tier hit)",
+                sorted(missing),
+            )
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -87,6 +112,27 @@ class HostOffloadingConnector(OffloadingConnector):
                 )
             )
         super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        if not self._loads_in_step:
+            return super().build_connector_meta(scheduler_output)
+        # vLLM's scheduler side issues a request's stores only while no load of
+        # it is pending, true of its asynchronous loads (the request is not
+        # running yet). This step's loads complete in start_load_kv, before its
+        # forward pass and before its stores are submitted (at the next step's
+        # start): keep them out of that check while the step's jobs are built.
+        side = self.scheduler
+        loading = [
+            (side._req_status[job.req_id].transfer_jobs, job_id)
+            for job_id, job in side._current_batch_load_jobs.items()
+        ]
+        for jobs, job_id in loading:
+            jobs.discard(job_id)
+        try:
+            return super().build_connector_meta(scheduler_output)
+        finally:
+            for jobs, job_id in loading:
+                jobs.add(job_id)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         sending, receiving = super().get_finished(finished_req_ids)
