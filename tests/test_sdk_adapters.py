@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
 import pytest
 from openai import AsyncOpenAI
+from pydantic import BaseModel
 
 from agentsdk import HintedAsyncOpenAI
 from hints_spec import CONTROL_PATH, HEADER_NAME, parse_header
@@ -113,6 +114,45 @@ async def test_openai_agents_with_its_own_session(vllm_server: LocalServer, hint
     assert again.final_output is not None and len(traffic.chats) > first_run
     _assert_seen(traffic, vllm_server, before, sid, "list_dir")
     assert traffic.events()[-1]["tool"] == "user"  # the session is kept: waiting on its user
+
+
+class Topic(BaseModel):
+    topic: Literal["tests"]
+
+
+async def test_openai_agents_sub_agent_on_a_child_branch(vllm_server: LocalServer) -> None:
+    """An ``as_tool`` sub-agent: its requests on ``root/helper-1`` (parent ``root``), its
+    fork delivered before them and its end after, all accepted by the server."""
+    agents = pytest.importorskip("agents")
+    from agentsdk.integrations.openai_agents import HintedRunner
+
+    agents.set_tracing_disabled(True)
+    traffic = Traffic()
+    client = traffic.client(vllm_server)
+    model = agents.OpenAIChatCompletionsModel(model=vllm_server.model, openai_client=client)
+    helper = agents.Agent(
+        name="helper", instructions=INSTRUCTIONS, model=model,
+        model_settings=agents.ModelSettings(max_tokens=16),
+    )  # fmt: skip
+    lead = agents.Agent(
+        name="lead",
+        instructions=INSTRUCTIONS,
+        model=model,
+        # One possible argument: guided decoding writes it whole, random weights or not.
+        tools=[helper.as_tool("helper", "Ask the helper.", parameters=Topic)],
+        model_settings=agents.ModelSettings(tool_choice="helper", max_tokens=64),
+    )
+    result = await HintedRunner(client).run(lead, "Ask the helper about the tests.")
+    await client.close()
+    assert result.final_output is not None
+    branches = [(hints.get("br"), hints.get("pbr")) for hints, _ in traffic.chats]
+    assert branches[0] == (None, None) and branches[-1] == (None, None)
+    assert set(branches[1:-1]) == {("root/helper-1", "root")}
+    events = traffic.events()
+    fork = {"type": "fork", "children": ["root/helper-1"]}
+    assert events.index(fork) < events.index({"type": "end", "br": "root/helper-1"})
+    assert events[-1] == {"type": "end"}
+    assert all(o == "accepted" for _, _, outcomes in traffic.control for o in outcomes)
 
 
 async def test_pydantic_ai_with_its_conversation_id(vllm_server: LocalServer) -> None:
