@@ -240,3 +240,16 @@ def test_validation_compares_the_simulated_runs_with_the_measured(tmp_path: Path
         runs[config]["summary"]["ttft_mean_s"] *= 2
     path.write_text(json.dumps(suite))
     assert not validate([path], tmp_path, None)["passed"]
+
+
+def test_a_shared_pool_serves_what_another_instance_computed() -> None:
+    """Load-based routing moves sessions between instances; the pool (vLLM's
+    manager, LRU) gives one instance the blocks another computed."""
+    preset = _bed(device_blocks=30, tier_blocks=0)
+    spec = RunSpec(preset=preset, instances=2, router="load", pool_bytes=4096 * (64 << 10))
+    records, cluster = run(spec, "hint-free", _templates(preset, n=6, grow=64), True)
+    assert cluster.pool is not None
+    assert sum(e.bytes_loaded["pool"] for e in cluster.engines) > 0
+    assert sum(e.bytes_stored["pool"] for e in cluster.engines) > 0
+    assert all(e.tier is None for e in cluster.engines)  # no host tier at 0 bytes
+    assert {r.session for r in records} == {f"t{i}" for i in range(6)}
