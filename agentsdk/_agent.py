@@ -13,7 +13,8 @@ from ._config import ModelSettings
 from ._context import RunContext
 from ._errors import UserError
 from ._output import OutputSchema
-from ._tool import Tool, json_schema
+from ._tool import Tool
+from ._tool_schema import json_schema
 from ._validated import Validated
 
 __all__ = ["Agent", "AgentTool"]

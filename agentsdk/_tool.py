@@ -1,8 +1,6 @@
 """``@tool``: a Python function becomes a tool with a JSON schema the model sees.
 
-The schema comes from the signature's type hints and the docstring's parameter
-descriptions (Google, ReST, NumPy or Epydoc style, read by ``docstring_parser``), through
-a pydantic model that also validates the model's arguments. Every
+The schema and the arguments model come from the signature (``_tool_schema``). Every
 way a definition can be wrong is raised at decoration time; every way a *call* can be wrong
 (garbage JSON, wrong types, a tool that raises or hangs) becomes a message to the model.
 """
@@ -18,23 +16,21 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar, get_origin, get_type_hints, overload
+from typing import Any, TypeVar, overload
 
 import anyio.to_thread
-import docstring_parser
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, ValidationError, create_model
+from pydantic import BaseModel, ValidationError
 
 from hints_spec import USER_TOOL
 
 from ._context import RunContext
 from ._errors import ToolDefinitionError
-from ._validated import JSON_TYPES, has_json_schema
+from ._tool_schema import read_signature
 
 __all__ = [
     "Tool",
     "ToolArgumentsError",
-    "json_schema",
     "parse_arguments",
     "tool",
     "tool_output",
@@ -223,71 +219,13 @@ def _build(
     strict: bool,
 ) -> Tool:
     tool_name = name or str(getattr(fn, "__name__", ""))
-    if inspect.isclass(fn) or not callable(fn):
-        what = f"class {fn.__name__}" if inspect.isclass(fn) else type(fn).__name__
-        raise ToolDefinitionError(
-            f"@tool takes a function (sync or async), got {what}: decorate a function,"
-            " or a method of an instance"
-        )
-    try:
-        hints = get_type_hints(fn)
-    except Exception as err:  # unresolvable forward references, in the user's module
-        raise ToolDefinitionError(f"tool {tool_name!r}: cannot resolve type hints: {err}") from err
-    docstring = docstring_parser.parse(inspect.getdoc(fn) or "")
-    summary = (docstring.description or "").strip()
-    param_docs = {
-        p.arg_name: " ".join(p.description.split()) for p in docstring.params if p.description
-    }
-    params = list(inspect.signature(fn).parameters.values())
-    takes_context = bool(params) and _is_context(hints.get(params[0].name))
-    if takes_context:
-        params = params[1:]
-    fields: dict[str, Any] = {}
-    for index, param in enumerate(params):
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ToolDefinitionError(
-                f"tool {tool_name!r}: *args/**kwargs parameter {param.name!r} has no schema"
-            )
-        if _is_context(hints.get(param.name)):
-            raise ToolDefinitionError(f"tool {tool_name!r}: RunContext must be the first parameter")
-        required = param.default is param.empty
-        if lenient and required:
-            raise ToolDefinitionError(
-                f"tool {tool_name!r}: lenient tools need a default for {param.name!r}"
-            )
-        # Positional field names with aliases: any parameter name works, even ones that
-        # shadow BaseModel attributes ("schema") or that pydantic treats as private ("_x").
-        fields[f"p{index}"] = (
-            hints.get(param.name, Any),
-            Field(
-                ... if required else param.default,
-                alias=param.name,
-                description=param_docs.get(param.name),
-            ),
-        )
-    try:
-        args_model: type[BaseModel] = create_model(
-            f"{tool_name}_arguments",
-            __config__=ConfigDict(extra="forbid" if strict else "ignore"),
-            **fields,
-        )
-        schema = json_schema(args_model)
-    except PydanticUserError:
-        bad = [
-            f"{p.name}: {hints.get(p.name)!r}"
-            for p in params
-            if not has_json_schema(hints.get(p.name, Any))
-        ]
-        raise ToolDefinitionError(
-            f"tool {tool_name!r}: unsupported parameter type ({', '.join(bad)} has no JSON"
-            f" schema): give each parameter a type with a JSON schema: {JSON_TYPES}"
-        ) from None
+    arguments = read_signature(fn, tool_name, lenient=lenient, strict=strict)
     return Tool(
         name=tool_name,
-        description=description if description is not None else summary,
-        parameters=schema,
-        args_model=args_model,
-        function=_invoker(fn, params, takes_context, tool_name),
+        description=description if description is not None else arguments.summary,
+        parameters=arguments.schema,
+        args_model=arguments.model,
+        function=_invoker(fn, arguments.params, arguments.takes_context, tool_name),
         timeout=timeout,
         expected_seconds=expected_seconds,
         lenient=lenient,
@@ -361,31 +299,3 @@ def _invoker(
         return await abandoned.run(partial(fn, *args, **kwargs))
 
     return invoke
-
-
-def json_schema(args_model: type[BaseModel]) -> dict[str, Any]:
-    """The parameters schema of ``args_model``, by alias, without pydantic's titles."""
-    schema = args_model.model_json_schema(by_alias=True)
-    _drop_titles(schema)
-    return schema
-
-
-def _drop_titles(schema: object) -> None:
-    """Remove generated titles: prompt tokens that tell the model nothing.
-
-    Only string-valued ``title`` keys go, so a parameter named ``title`` (whose value is
-    a schema dict) survives.
-    """
-    if isinstance(schema, dict):
-        if isinstance(schema.get("title"), str):
-            del schema["title"]
-        for value in schema.values():
-            _drop_titles(value)
-    elif isinstance(schema, list):
-        for value in schema:
-            _drop_titles(value)
-
-
-def _is_context(hint: object) -> bool:
-    """``RunContext`` or ``RunContext[Deps]``."""
-    return hint is RunContext or get_origin(hint) is RunContext
