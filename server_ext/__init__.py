@@ -16,8 +16,10 @@ from ._testmodel import make_test_model
 
 if TYPE_CHECKING:
     from ._middleware import AgentHintsMiddleware
+    from .connector import AgentHintsConnector
 
 __all__ = [
+    "AgentHintsConnector",
     "AgentHintsMiddleware",
     "ExtensionConfig",
     "ExtensionConfigError",
@@ -32,11 +34,11 @@ __all__ = [
     "vllm_command",
 ]
 
-_LAZY = {"AgentHintsMiddleware": "._middleware"}
+_LAZY = {"AgentHintsConnector": ".connector", "AgentHintsMiddleware": "._middleware"}
 
 
 def __getattr__(name: str) -> Any:
-    # The middleware imports vLLM; it loads on first use, so clients, tests and
+    # The middleware and the connector import vLLM; they load on first use, so clients, tests and
     # the policy import this package fast and without vLLM installed.
     if name in _LAZY:
         import importlib

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 CONNECTOR_NAME = "AgentHintsConnector"
-CONNECTOR_MODULE = "server_ext._vllm"
+CONNECTOR_MODULE = "server_ext.connector"
 
 MULTI_CONNECTOR = "MultiConnector"
 """vLLM's connector that composes others (``connectors`` in its extra config)."""

@@ -33,7 +33,8 @@ from server_ext._config import (
 )
 from server_ext._contract import hint_params
 from server_ext._plugin import register
-from server_ext._vllm import AgentHintsConnector, connector_config
+from server_ext._vllm import connector_config
+from server_ext.connector import AgentHintsConnector
 from server_ext.offload import (
     AgentHintsCachePolicy,
     HostOffloadingConnector,

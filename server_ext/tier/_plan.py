@@ -1,6 +1,6 @@
 """Scheduler-side tier bookkeeping: what to load, save and drop each engine step.
 
-No vLLM import: ``_vllm.AgentHintsConnector`` feeds it block hashes, block ids
+No vLLM import: ``server_ext.connector`` feeds it block hashes, block ids
 and token counts. The tier itself lives in the worker; the planner keeps a
 ``KeyIndex`` of the keys the worker holds, is told of every key the worker
 failed to store or load, and drops a tenant's keys beyond its share. The store

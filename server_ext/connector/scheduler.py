@@ -1,0 +1,425 @@
+"""The connector's scheduler role: hints into retention, warm-ups paced
+against real requests, and the tier's plan (with a tier of the connector's own).
+
+``AgentHintsConnector`` hands each scheduler-side hook of vLLM here. Retention
+decisions live in ``EngineRetention`` (``server_ext._engine``, no vLLM import);
+the wrapped allocations in ``allocation``; telemetry in ``metrics``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from .._config import ExtensionConfig
+from .._contract import read_control, without_hints
+from .._engine import EngineRetention
+from .._headroom import Headroom
+from .._pool import HoldPort, ShelfPort
+from .._vllm import RequestStatus, check_cpu_reservation
+from ..offload import lower_to_envelope, policy_counters
+from ..policy import RetentionPolicy, StepTimer
+from ..tier import BlockProgress, GuardedTier, TierConfig, TierPlanner
+from .allocation import PAUSED, WarmupsGoFirst, binding_scheduler, wrap_allocations
+from .metadata import AgentHintsMetadata, TierWorkerMetadata
+from .metrics import AgentHintsStats, StatsReporter
+from .tier import make_planner, shared_store_probe, tier_identity
+
+if TYPE_CHECKING:
+    from vllm.config import KVTransferConfig, VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["ConnectorScheduler"]
+
+logger = logging.getLogger(__name__)
+
+
+class ConnectorScheduler:
+    """The scheduler-side state of one engine: retention (once vLLM binds its
+    KV cache manager), the prefetcher's warm-ups in flight, the tier planner
+    and the requests it tracks, and the engine's step timer."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        kv_cache_config: KVCacheConfig,
+        transfer: KVTransferConfig,
+        config: ExtensionConfig,
+        tier: TierConfig | None,
+        offloaded: bool,
+    ) -> None:
+        self._vllm_config = vllm_config
+        self._kv_cache_config = kv_cache_config
+        self._transfer = transfer
+        self._config = config
+        self._tier_config = tier
+        # The host tier: vLLM's OffloadingConnector beside this one.
+        self._offloaded = offloaded
+        self._total_blocks = int(kv_cache_config.num_blocks)
+        self._block_size = int(vllm_config.cache_config.block_size)
+        self._step_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
+        self.kv_cache_manager: KVCacheManager | None = None
+        self.retention: EngineRetention | None = None
+        # Retention by eviction order.
+        self._shelf: ShelfPort | None = None
+        self._stats = StatsReporter()
+        # Tier: the planner and the requests it tracks.
+        self.planner: TierPlanner | None = None
+        self._tier_requests: dict[str, Request] = {}
+        self._shared_probe: GuardedTier | None = None
+        # Connector cache resets so far: each starts the tier's keys anew.
+        self._resets = 0
+        # The engine's step time: the tier's books and warm-first admission's window.
+        self._timer = StepTimer()
+        # Prefetch warm-ups from arrival to finish, paced by ``_pace_warmups``,
+        # and the steps a running one sat out.
+        self._warmups: dict[str, Request] = {}
+        self._warmup_yields = 0
+        self._guard: WarmupsGoFirst | None = None
+        self._headroom: Headroom | None = None
+        # Preemptions of finished requests: real ones, warm-ups.
+        self._preemptions = {False: 0, True: 0}
+        if tier is not None:
+            self.planner = self._make_planner()
+        check_cpu_reservation()
+
+    def _make_planner(self) -> TierPlanner | None:
+        assert self._tier_config is not None
+        if not self._one_hashed_group():
+            logger.warning("agent-hints tier: needs one KV cache group hashed per block; off")
+            return None
+        # A tier miss at load time (evicted, corrupt, store down) must cost a
+        # recompute, never a failed request.
+        self._transfer.kv_load_failure_policy = "recompute"
+        return make_planner(
+            self._tier_config,
+            self._vllm_config,
+            self._kv_cache_config,
+            f"|reset {self._resets}" if self._resets else "",
+            self._probe,
+        )
+
+    def _probe(self) -> GuardedTier:
+        assert self._tier_config is not None
+        if self._shared_probe is None:
+            self._shared_probe = shared_store_probe(self._tier_config)
+        return self._shared_probe
+
+    def _tier_fault(self, what: str) -> None:
+        logger.exception("agent-hints tier: %s failed; serving without the tier", what)
+        if self.retention is not None:
+            self.retention.faults += 1
+
+    def _release_retentions(self) -> None:
+        """Release every retention, and every block eviction order set aside."""
+        if self.retention is not None:
+            self.retention.release_all()
+        if self._shelf is not None:
+            self._shelf.flush()
+
+    def reset_cache(self) -> bool:
+        """Forget every KV the extension keeps or knows of: vLLM asks this of
+        its connectors when the engine's KV goes stale (0.33: on pause, sleep
+        and weight updates; 0.32: a prefix-cache reset that includes them),
+        and takes None for success with nothing done.
+
+        Retentions are released. The Mooncake tier's planner starts over
+        (scheduler side; the workers only move what it plans), with an empty
+        index and a new key namespace: the store keeps the blocks of the old
+        KV until it evicts them, and its shared probe would otherwise find
+        them again under the same keys. Engines sharing a store share again
+        once each has reset as often. The requests it tracked leave the tier
+        (KV they computed before the reset would be saved under the new
+        keys); the tier's counters (cumulative metrics) and books (its cost
+        against the engine's steps) carry over.
+        """
+        self._release_retentions()
+        old = self.planner
+        if old is not None:
+            self._resets += 1
+            self._tier_requests.clear()
+            self.planner = self._make_planner()
+            if self.planner is not None:
+                self.planner.counters, self.planner.payoff = old.counters, old.payoff
+        return True
+
+    def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
+        self.kv_cache_manager = kv_cache_manager
+        policy = RetentionPolicy(self._config.policy_config(self._total_blocks))
+        pool = kv_cache_manager.block_pool
+        by_order = self._config.retention == "order"
+        if by_order and not self._one_hashed_group():
+            logger.warning("agent-hints: several KV cache groups; retention holds references")
+            by_order = False
+        port = ShelfPort(pool, self._config.order_enforce) if by_order else HoldPort(pool)
+        retention = EngineRetention(
+            policy,
+            port,
+            self._config.admission_gate(
+                self._block_size,
+                tiered=self.planner is not None or self._offloaded,
+                step_tokens=self._step_tokens,
+                timer=self._timer,
+            ),
+        )
+        self.retention = retention
+        if isinstance(port, ShelfPort):
+            self._shelf = port
+        # The caller binding the manager is vLLM's scheduler (or a connector
+        # composing this one): found now, while it is on the stack.
+        scheduler = binding_scheduler(kv_cache_manager)
+        if scheduler is not None:
+            self._guard = WarmupsGoFirst(scheduler, self._warmups)
+        self._headroom = self._make_headroom(kv_cache_manager, scheduler)
+        wrap_allocations(
+            kv_cache_manager,
+            self._block_size,
+            retention,
+            port.releases_for_room,
+            self._release_retentions,
+            scheduler,
+            self._headroom,
+            self._guard,
+        )
+
+    def _make_headroom(self, manager: KVCacheManager, scheduler: Any | None) -> Headroom | None:
+        """Admission headroom (``_headroom``), where it is on and can count a
+        request's blocks: one KV cache group, and a scheduler to read."""
+        if not self._config.headroom or scheduler is None:
+            return None
+        if len(self._kv_cache_config.kv_cache_groups) != 1:
+            logger.warning("agent-hints: several KV cache groups; no admission headroom")
+            return None
+        if not isinstance(getattr(manager, "watermark_blocks", None), int):
+            logger.warning("agent-hints: this vLLM's KV cache has no watermark; no headroom")
+            return None
+        # The most prefill a request gets in one step.
+        threshold = int(self._vllm_config.scheduler_config.long_prefill_token_threshold)
+        chunk = min(self._step_tokens, threshold) if threshold > 0 else self._step_tokens
+        return Headroom(
+            self._block_size,
+            chunk,
+            lambda rid: len(manager.get_blocks(rid).blocks[0]),
+            # The slots vLLM allocates ahead of each running request (0 without
+            # speculative decoding).
+            lookahead=int(getattr(self._vllm_config, "num_lookahead_tokens", 0) or 0),
+        )
+
+    def has_pending_block_frees(self) -> bool:
+        """True while a running warm-up will free blocks soon: vLLM then passes
+        over the request it could not allocate instead of preempting one."""
+        return self._guard is not None and self._guard.passing
+
+    def _one_hashed_group(self) -> bool:
+        """Whether the KV cache is one group hashed per block: the layout in
+        which a request's block hashes name the pool's blocks (the tier and
+        retention by eviction order need it)."""
+        config = self._kv_cache_config
+        return len(config.kv_cache_groups) == 1 and config.hash_block_size in (
+            None,
+            self._block_size,
+        )
+
+    # -- scheduler-side hooks
+
+    def on_new_request(self, request: Request) -> None:
+        if getattr(request, "abort_immediately", False):
+            # vLLM 0.33 adds a request that arrived while it was paused only to
+            # abort it at once: the branch did not come back, and its hints
+            # (an end, a new deadline) must not act. It stays as unhinted,
+            # for this connector and every one after it.
+            request.kv_transfer_params = without_hints(request.kv_transfer_params)
+        # Before any connector after this one reads kv_hints (vLLM's offloading
+        # builds its request context from them here): SPEC 5.2.
+        request.kv_hints = lower_to_envelope(request.kv_hints, request.kv_transfer_params)
+        if self.retention is not None:
+            params, blocks = request.kv_transfer_params, len(request.block_hashes)
+            self.retention.request_added(request.request_id, params, blocks, request)
+            if self.retention.is_warmup(request.request_id):
+                self._warmups[request.request_id] = request
+            self._pace_warmups()
+        if self.planner is not None:
+            identity = tier_identity(request.kv_transfer_params, self._config.ttl_cap_s)
+            if identity is not None:
+                self.planner.track(request.request_id, *identity)
+                self._tier_requests[request.request_id] = request
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        # None = "not now": the scheduler passes over the request this step
+        # (warm-first admission) and considers it again on the next.
+        tokens = 0
+        if self.planner is not None and request.request_id in self._tier_requests:
+            try:
+                tokens = self.planner.lookup(
+                    request.request_id, request.block_hashes, request.num_tokens,
+                    num_computed_tokens,
+                )  # fmt: skip
+            except Exception:
+                self._tier_fault("lookup")
+        if self._shelf is not None and self.retention is not None:
+            # vLLM computes a prompt's last token whatever the cache holds.
+            servable = (request.num_tokens - 1) // self._block_size
+            self._shelf.admit(
+                request.request_id,
+                self.retention.is_hinted(request.request_id),
+                request.block_hashes[:servable],
+                num_computed_tokens // self._block_size,
+            )
+        if self.retention is not None:
+            cached_blocks = (num_computed_tokens + tokens) // self._block_size
+            if self.retention.defers(request.request_id, len(request.block_hashes) - cached_blocks):
+                return None, False
+        return tokens, False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        if self._shelf is not None:
+            self._shelf.admitted(request.request_id)
+        if self.retention is not None:
+            self.retention.request_scheduled(request.request_id)
+        if self.planner is not None and request.request_id in self._tier_requests:
+            try:
+                block_ids = blocks.get_block_ids()[0]
+                self.planner.allocated(request.request_id, block_ids, num_external_tokens)
+            except Exception:
+                self._tier_fault("load planning")
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> AgentHintsMetadata:
+        timer, busy = self._timer, self._timer.busy_s
+        timer.step(time.monotonic(), scheduler_output.num_scheduled_tokens)
+        if self._headroom is not None:
+            self._headroom.new_step()
+        if self.retention is not None:
+            scheduled = scheduler_output.num_scheduled_tokens
+            self._warmup_yields += sum(
+                request.next_decode_eligible_step >= PAUSED
+                and request.status == RequestStatus.RUNNING
+                and request_id not in scheduled
+                for request_id, request in self._warmups.items()
+            )
+            self.retention.step_scheduled(scheduled)
+            self._pace_warmups()
+        if self.planner is None or self.kv_cache_manager is None:
+            return AgentHintsMetadata()
+        manager = self.kv_cache_manager
+        try:
+            self.planner.engine_step(timer.busy_s - busy, timer.seconds_per_token)
+            progress = [
+                BlockProgress(
+                    req_id,
+                    request.block_hashes,
+                    manager.get_block_ids(req_id)[0],
+                    # num_computed_tokens advances only after this call.
+                    request.num_computed_tokens + scheduled,
+                )
+                for req_id, scheduled in scheduler_output.num_scheduled_tokens.items()
+                if (request := self._tier_requests.get(req_id)) is not None
+            ]
+            return AgentHintsMetadata(self.planner.step(progress))
+        except Exception:
+            self._tier_fault("save planning")
+            # The step's planned loads cannot reach the worker: report them
+            # failed, so vLLM recomputes those blocks.
+            return AgentHintsMetadata(self.planner.abandon())
+
+    def _pace_warmups(self) -> None:
+        """Make running warm-ups sit out the next step, or run again, as the
+        retention decides (``EngineRetention.warmups_yield``)."""
+        assert self.retention is not None
+        paused = self.retention.warmups_yield
+        for request in self._warmups.values():
+            step = request.next_decode_eligible_step
+            if paused and step < PAUSED:
+                request.next_decode_eligible_step = step + PAUSED
+            elif not paused and step >= PAUSED:
+                request.next_decode_eligible_step = step - PAUSED
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if self.planner is not None and isinstance(meta, TierWorkerMetadata):
+            r = meta.report
+            self.planner.worker_report(
+                r.failed_saves, r.failed_loads, r.bytes_saved, r.bytes_loaded, r.seconds
+            )
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        if self.planner is not None:
+            self.planner.finished(request.request_id)
+            self._tier_requests.pop(request.request_id, None)
+        retention = self.retention
+        if retention is None:
+            return False, None
+        warmup = self._warmups.pop(request.request_id, None) is not None
+        self._preemptions[warmup] += request.num_preemptions
+        control = read_control(request.kv_transfer_params)
+        if control is not None:
+            retention.control(control)
+            return False, None
+        pool = self.kv_cache_manager.block_pool if self.kv_cache_manager else None
+        # Only full, hashed blocks can be hit again; the partial tail cannot.
+        full = (
+            [b for b in block_ids if pool.blocks[b].block_hash is not None and b != 0]
+            if pool is not None
+            else []
+        )
+        retention.request_finished(request.request_id, full)
+        return False, None
+
+    # -- metrics
+
+    # -- metrics
+
+    def stats(self) -> AgentHintsStats | None:
+        """What moved since the last report (vLLM's ``get_kv_connector_stats``)."""
+        now: dict[str, float] = {}
+        observed: list[float] = []
+        if self.retention is not None:
+            now.update(dataclasses.asdict(self.retention.stats))
+            del now["return_log2_error_sum"]  # a histogram of each error instead
+            now["faults"] = self.retention.faults
+            now["deferrals"] = self.retention.deferrals
+            now["warmup_yields"] = self._warmup_yields
+            now["real_preemptions"] = self._preemptions[False]
+            now["warmup_preemptions"] = self._preemptions[True]
+            if (trial := self.retention.trial) is not None:
+                now["admission_gated_share"] = trial.gated_share
+                for side, name in ((True, "gated"), (False, "open")):
+                    if (wait := trial.mean_wait_s(side)) is not None:
+                        now[f"admission_{name}_wait_seconds"] = wait
+        if (seconds := self._timer.seconds_per_token) is not None:
+            now["prefill_seconds_per_token"] = seconds
+        if self._shelf is not None:
+            now["order_enforced"] = float(self._shelf.enforcing)
+            now["order_backoff"] = self._shelf.accounting.backoff
+            now["order_gained_blocks"] = self._shelf.payoff.total_gained
+            now["order_cost_blocks"] = self._shelf.payoff.total_cost
+        if self._headroom is not None:
+            now["headroom_armed"] = float(self._headroom.armed)
+        if self._offloaded and (policy := policy_counters()) is not None:
+            now.update({f"tier_{name}": value for name, value in policy.items()})
+        if self.planner is not None:
+            counters = dataclasses.asdict(self.planner.counters)
+            now.update({f"tier_{name}": value for name, value in counters.items()})
+            now["tier_bytes"] = self.planner.index.bytes_used
+            payoff = self.planner.payoff
+            now["tier_saving"] = float(payoff.saving)
+            now["tier_cost_seconds"] = payoff.cost_s
+            now["tier_spared_seconds"] = payoff.spared_s
+        if self.retention is not None:
+            observed = self.retention.policy.take_return_errors()
+        return self._stats.report(now, observed)
+
+    def shutdown(self) -> None:
+        if self._shared_probe is not None:
+            self._shared_probe.close()
