@@ -34,10 +34,12 @@ __all__ = [
     "TENANT_KEY",
     "ControlMessage",
     "HintedParams",
+    "RequestParams",
     "control_params",
     "hint_params",
     "read_control",
     "read_hint_params",
+    "read_params",
     "without_hints",
 ]
 
@@ -147,6 +149,25 @@ def control_params(
     if learned:
         message["learned"] = True
     return {CONTROL_KEY: message}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestParams:
+    """What the engine reads of one request's ``kv_transfer_params``, once on
+    arrival: a control message, or else a hinted request's hint (neither: an
+    unhinted request)."""
+
+    hinted: HintedParams | None = None
+    control: ControlMessage | None = None
+
+
+def read_params(params: object) -> RequestParams:
+    """The one reading of a request's ``kv_transfer_params`` that the
+    scheduler side keeps for the request's life."""
+    control = read_control(params)
+    if control is not None:
+        return RequestParams(control=control)
+    return RequestParams(hinted=read_hint_params(params))
 
 
 def read_control(params: object) -> ControlMessage | None:

@@ -18,7 +18,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from hints_spec import ROOT_BRANCH
 
-from ._contract import ControlMessage, read_control, read_hint_params
+from ._contract import ControlMessage, HintedParams
 from .policy import (
     Action,
     AdmissionTrial,
@@ -212,17 +212,14 @@ class EngineRetention:
     def request_added(
         self,
         request_id: str,
-        params: object,
+        read: HintedParams | None,
         prompt_blocks: int = 0,
         progress: Progress = _UNKNOWN,
     ) -> bool:
-        """Register a request of ``prompt_blocks`` full blocks whose prefill
-        advances in ``progress`` (``params``: its ``kv_transfer_params``);
-        False when it carries no usable hint (warm-ups still give way to its
-        prefill)."""
-        if read_control(params) is not None:
-            return False
-        read = read_hint_params(params)
+        """Register a request (not a control message) of ``prompt_blocks``
+        full blocks whose prefill advances in ``progress`` (``read``: its hint,
+        ``read_params``); False when it carries no usable hint (warm-ups still
+        give way to its prefill)."""
         now = self._clock()
         entry = self._requests[request_id] = _InFlight(progress, arrived_at=now)
         if read is None or not read.prefetch:

@@ -6,7 +6,7 @@ import pytest
 
 from hints_spec import AgentHints
 from server_ext._config import ExtensionConfig, ExtensionConfigError
-from server_ext._contract import hint_params
+from server_ext._contract import HintedParams, hint_params, read_hint_params
 from server_ext._engine import EngineRetention
 from server_ext.policy import (
     AdmissionConfig,
@@ -91,11 +91,11 @@ def test_the_engine_estimates_a_returning_branch_from_its_retained_blocks() -> N
     clock = ManualClock()
     policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), clock)
     engine = EngineRetention(policy, FakeBlockPool(), gate(), clock=clock)
-    warm = hint_params("t", AgentHints(sid="warm", gap=1.0))
+    warm = hinted(sid="warm", gap=1.0)
     assert engine.request_added("w1", warm, prompt_blocks=10)
     engine.request_scheduled("w1")
     engine.request_finished("w1", list(range(10)))  # 10 blocks retained
-    assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=90)
+    assert engine.request_added("c1", hinted(sid="cold"), prompt_blocks=90)
     clock.now = 1.0
     assert engine.request_added("w2", warm, prompt_blocks=12)  # ~2 blocks to compute
     assert engine.defers("c1", 90)
@@ -127,6 +127,11 @@ def test_the_policy_says_when_a_retained_branch_is_due() -> None:
     assert not p.return_due(expected, 1.0, other_than=me)  # arrived: a real waiting request
 
 
+def hinted(sid: str, **hints: object) -> HintedParams | None:
+    """What the engine reads of a hinted request of tenant "t"."""
+    return read_hint_params(hint_params("t", AgentHints(sid=sid, **hints)))  # type: ignore[arg-type]
+
+
 def engine_with_a_retained_branch(
     timer: StepTimer | None = None,
 ) -> tuple[EngineRetention, ManualClock, float]:
@@ -135,7 +140,7 @@ def engine_with_a_retained_branch(
     clock = ManualClock()
     policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), clock)
     engine = EngineRetention(policy, FakeBlockPool(free=90), gate(timer=timer), clock=clock)
-    assert engine.request_added("w1", hint_params("t", AgentHints(sid="warm", gap=1.0)), 10)
+    assert engine.request_added("w1", hinted(sid="warm", gap=1.0), 10)
     engine.request_scheduled("w1")
     engine.request_finished("w1", list(range(10)))
     retained = policy.retention(BranchKey("t", "warm"))
@@ -147,7 +152,7 @@ def test_a_cold_prefill_waits_for_a_due_branch_while_the_engine_is_busy() -> Non
     engine, clock, due = engine_with_a_retained_branch()
     assert not engine.request_added("busy", None)  # another request runs
     engine.request_scheduled("busy")
-    assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
+    assert engine.request_added("c1", hinted(sid="cold"), prompt_blocks=30)
     clock.now = due
     assert engine.defers("c1", 30)
     clock.now += 5.0  # the branch did not come back when predicted
@@ -156,7 +161,7 @@ def test_a_cold_prefill_waits_for_a_due_branch_while_the_engine_is_busy() -> Non
 
 def test_an_idle_engine_never_waits_for_a_due_branch() -> None:
     engine, clock, due = engine_with_a_retained_branch()
-    assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
+    assert engine.request_added("c1", hinted(sid="cold"), prompt_blocks=30)
     assert not engine.request_added("queued", None)  # waiting, not running: still idle
     clock.now = due
     assert not engine.defers("c1", 30)  # nothing runs: waiting would only idle the engine
@@ -243,7 +248,7 @@ def test_the_engine_times_its_steps_for_the_gate(seconds_per_step: float, held: 
     timer.step(due - 1.0, {"busy": 1000})
     clock.now = due - 1.0 + seconds_per_step
     timer.step(clock.now, {"busy": 1000})
-    assert engine.request_added("c1", hint_params("t", AgentHints(sid="cold")), prompt_blocks=30)
+    assert engine.request_added("c1", hinted(sid="cold"), prompt_blocks=30)
     clock.now = due + 0.1
     assert engine.defers("c1", 30) is held
 

@@ -15,9 +15,13 @@ from hints_spec.core import EndEvent, ForkEvent, ToolEndEvent, ToolStartEvent
 from server_ext._contract import (
     PREFETCH_KEY,
     ControlMessage,
+    HintedParams,
+    RequestParams,
     control_params,
     hint_params,
     read_control,
+    read_hint_params,
+    read_params,
 )
 from server_ext._engine import EngineRetention
 from server_ext.policy import (
@@ -42,12 +46,17 @@ def engine(gate: WarmFirstGate | None = None) -> tuple[EngineRetention, FakeBloc
     return EngineRetention(policy, pool, gate, clock=clock), pool, clock
 
 
-def params(prefetch: object = None) -> dict[str, object]:
+def lowered(prefetch: object = None) -> dict[str, object]:
     """A request's ``kv_transfer_params``, marked as a warm-up when ``prefetch``."""
-    lowered = hint_params("t", HINTS)
+    params = hint_params("t", HINTS)
     if prefetch is not None:
-        lowered[PREFETCH_KEY] = prefetch
-    return lowered
+        params[PREFETCH_KEY] = prefetch
+    return params
+
+
+def params(prefetch: object = None) -> HintedParams | None:
+    """What the engine reads of ``lowered(prefetch)``."""
+    return read_params(lowered(prefetch)).hinted
 
 
 def run(e: EngineRetention, request_id: str, blocks: list[int], prefetch: bool = False) -> None:
@@ -98,8 +107,11 @@ def test_only_a_literal_true_marks_a_warmup(flag: object) -> None:
     assert e.stats.returns == 1
 
 
-def other_params(sid: str, gap: float) -> dict[str, object]:
-    return hint_params("t", AgentHints(sid=sid, gap=gap))
+def other_params(sid: str, gap: float, prefetch: bool = False) -> HintedParams | None:
+    params = hint_params("t", AgentHints(sid=sid, gap=gap))
+    if prefetch:
+        params[PREFETCH_KEY] = True
+    return read_hint_params(params)
 
 
 def test_a_warmup_takes_room_only_from_branches_due_back_later() -> None:
@@ -209,7 +221,7 @@ def test_a_warmup_waits_while_a_real_request_waits_or_prefills() -> None:
     assert not e.request_added("u1", None, 2, Progress(128))  # unhinted traffic counts too
     assert e.defers("w1", 3)
     e.request_finished("u1", [])
-    assert not e.request_added("c1", control_params("t", "s", []))  # not traffic
+    assert read_params(control_params("t", "s", [])).hinted is None  # not traffic
     assert not e.defers("w1", 3)
     assert e.deferrals == 0  # the metric counts real requests held back only
 
@@ -221,8 +233,6 @@ def test_running_warmups_yield_a_step_to_a_real_request_that_arrives() -> None:
     e.request_scheduled("w1")
     e.step_scheduled({"w1": 128})
     assert not e.warmups_yield
-    assert not e.request_added("c1", control_params("t", "s", []))
-    assert not e.warmups_yield  # nor is a control message
     real = Progress(num_prompt_tokens=300)
     assert e.request_added("x1", other_params("x", 5.0), 5, real)
     assert e.warmups_yield and not e.is_warmup("x1")  # the next step is the arrival's
@@ -350,9 +360,7 @@ def warm_sessions(e: EngineRetention, clock: ManualClock, count: int, pay: bool)
         sid, block = f"{'paid' if pay else 'wasted'}{i}", 1000 + 2 * i + 10_000 * pay
         assert e.request_added(f"{sid}-r", other_params(sid, 5.0))
         e.request_finished(f"{sid}-r", [block])
-        lowered = other_params(sid, 5.0)
-        lowered[PREFETCH_KEY] = True
-        assert e.request_added(f"{sid}-w", lowered)
+        assert e.request_added(f"{sid}-w", other_params(sid, 5.0, prefetch=True))
         e.request_scheduled(f"{sid}-w")
         e.request_finished(f"{sid}-w", [block, block + 1])
         if pay:
@@ -427,9 +435,11 @@ def test_a_malformed_lowered_hint_is_no_hint(bad: dict[str, object]) -> None:
     # hint it cannot use must neither fault half-way (leaving the policy holding
     # blocks the pool never took) nor reach the policy.
     e, pool, clock = engine()
-    lowered = params()
-    lowered["agent_hints"] = {**AgentHints(sid="s", gap=10.0).normalized(), **bad}
-    assert not e.request_added("r1", lowered)
+    malformed = lowered()
+    malformed["agent_hints"] = {**AgentHints(sid="s", gap=10.0).normalized(), **bad}
+    read = read_params(malformed)
+    assert read == RequestParams()
+    assert not e.request_added("r1", read.hinted)
     e.request_scheduled("r1")
     e.request_finished("r1", [1, 2, 3])
     clock.now = 1000.0
@@ -444,16 +454,17 @@ def test_kv_transfer_params_that_are_not_a_mapping_are_no_hint(raw: object) -> N
     # it must neither fault (a fault drops every tenant's retentions) nor count.
     e, _, _ = engine()
     run(e, "r1", [1, 2])
-    assert not e.request_added("x", raw)
+    read = read_params(raw)
+    assert read == RequestParams()
+    assert not e.request_added("x", read.hinted)
     e.request_scheduled("x")
     e.request_finished("x", [5])
     assert e.faults == 0 and e.stats.retained_branches == 1
-    assert read_control(raw) is None
 
 
 def retain_two(e: EngineRetention) -> None:
     run(e, "r1", [1, 2, 3])
-    assert e.request_added("r2", hint_params("t", AgentHints(sid="s2", gap=10.0)))
+    assert e.request_added("r2", other_params("s2", 10.0))
     e.request_scheduled("r2")
     e.request_finished("r2", [1, 2, 4])  # shares blocks 1 and 2 with r1
     assert e.stats.retained_branches == 2

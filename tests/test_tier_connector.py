@@ -12,25 +12,26 @@ from vllm.config import KVTransferConfig
 from hints_spec import AgentHints
 from server_ext import extension_flags
 from server_ext._config import CONNECTOR_NAME, MULTI_CONNECTOR
-from server_ext._contract import TENANT_KEY, hint_params
+from server_ext._contract import TENANT_KEY, hint_params, read_hint_params
 from server_ext.connector import AgentHintsConnector, TierWorkerMetadata
 from server_ext.connector.tier import tier_for_role, tier_identity
 from server_ext.tier import TierConfig, TierConfigError, TierReport
 
 
 def test_only_hinted_requests_use_the_tier_with_a_capped_soft_pin() -> None:
-    assert tier_identity(None, 600) is None
-    assert tier_identity({"other": 1}, 600) is None
-    assert tier_identity(hint_params("t", AgentHints(br="a")), 600) is None  # no session
+    def identity(params: object) -> tuple[str, float] | None:
+        return tier_identity(read_hint_params(params), 600)
+
+    assert identity(None) is None
+    assert identity({"other": 1}) is None
+    assert identity(hint_params("t", AgentHints(br="a"))) is None  # no session
     no_tenant = hint_params("t", AgentHints(sid="s"))
     del no_tenant[TENANT_KEY]
-    assert tier_identity(no_tenant, 600) is None
-    assert tier_identity(hint_params("t", AgentHints(sid="s")), 600) == ("t", 0.0)
-    assert tier_identity(hint_params("t", AgentHints(sid="s", gap=2.5)), 600) == ("t", 2.5)
-    capped = hint_params("t", AgentHints(sid="s", gap=2, ttl=900))
-    assert tier_identity(capped, 600) == ("t", 600.0)
-    ended = hint_params("t", AgentHints(sid="s", ttl=60, end=True))
-    assert tier_identity(ended, 600) == ("t", 0.0)
+    assert identity(no_tenant) is None
+    assert identity(hint_params("t", AgentHints(sid="s"))) == ("t", 0.0)
+    assert identity(hint_params("t", AgentHints(sid="s", gap=2.5))) == ("t", 2.5)
+    assert identity(hint_params("t", AgentHints(sid="s", gap=2, ttl=900))) == ("t", 600.0)
+    assert identity(hint_params("t", AgentHints(sid="s", ttl=60, end=True))) == ("t", 0.0)
 
 
 def test_worker_reports_aggregate_across_workers() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._engine import EngineRetention
@@ -81,31 +81,33 @@ class WarmupsGoFirst:
     priority) only ``passing`` applies.
     """
 
-    def __init__(self, scheduler: Any, warmups: Mapping[str, Request]) -> None:
+    def __init__(
+        self, scheduler: Any, is_warmup: Callable[[str], bool], warming: Callable[[], bool]
+    ) -> None:
         self._scheduler = scheduler
-        self._warmups = warmups
+        self._is_warmup = is_warmup
+        self._warming = warming
         self._fcfs = getattr(scheduler, "policy", None) == SchedulingPolicy.FCFS
         self.passing = False
 
     def short(self, request: Request) -> None:
         """``request``'s allocation failed; vLLM preempts next."""
         self.passing = False
-        warmups = self._warmups
-        if not warmups:
+        if not self._warming():
             return
         running: list[Request] = self._scheduler.running
         try:
             at = running.index(request)
         except ValueError:  # a waiting request: vLLM preempts nothing for it
             return
-        if request.request_id in warmups:
+        if self._is_warmup(request.request_id):
             if self._fcfs:  # vLLM preempts the warm-up itself, and stops there
                 running[at], running[-1] = running[-1], running[at]
             return
         ahead_running = False
         for i in range(len(running) - 1, -1, -1):
             r = running[i]
-            if r.request_id not in warmups:
+            if not self._is_warmup(r.request_id):
                 continue
             paused = r.next_decode_eligible_step >= PAUSED
             if self._fcfs and (i > at or paused):

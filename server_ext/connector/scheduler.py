@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._config import ExtensionConfig
-from .._contract import read_control, without_hints
+from .._contract import RequestParams, read_params, without_hints
 from .._engine import EngineRetention
 from .._headroom import Headroom
 from .._pool import HoldPort, ShelfPort
@@ -38,6 +39,18 @@ if TYPE_CHECKING:
 __all__ = ["ConnectorScheduler"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """One request from arrival to finish, as the scheduler side keeps it:
+    its params read once (``read_params``), whether it is a prefetch warm-up,
+    and whether the tier plans for it."""
+
+    request: Request
+    params: RequestParams
+    warmup: bool = False
+    tiered: bool = False
 
 
 class ConnectorScheduler:
@@ -69,17 +82,17 @@ class ConnectorScheduler:
         # Retention by eviction order.
         self._shelf: ShelfPort | None = None
         self._stats = StatsReporter()
-        # Tier: the planner and the requests it tracks.
+        # Every request from arrival to finish, its params read once.
+        self._requests: dict[str, _Tracked] = {}
         self.planner: TierPlanner | None = None
-        self._tier_requests: dict[str, Request] = {}
         self._shared_probe: GuardedTier | None = None
         # Connector cache resets so far: each starts the tier's keys anew.
         self._resets = 0
         # The engine's step time: the tier's books and warm-first admission's window.
         self._timer = StepTimer()
-        # Prefetch warm-ups from arrival to finish, paced by ``_pace_warmups``,
-        # and the steps a running one sat out.
-        self._warmups: dict[str, Request] = {}
+        # Prefetch warm-ups in flight (paced by ``_pace_warmups``), and the
+        # steps a running one sat out.
+        self._warmups = 0
         self._warmup_yields = 0
         self._guard: WarmupsGoFirst | None = None
         self._headroom: Headroom | None = None
@@ -143,7 +156,8 @@ class ConnectorScheduler:
         old = self.planner
         if old is not None:
             self._resets += 1
-            self._tier_requests.clear()
+            for tracked in self._requests.values():
+                tracked.tiered = False
             self.planner = self._make_planner()
             if self.planner is not None:
                 self.planner.counters, self.planner.payoff = old.counters, old.payoff
@@ -175,7 +189,7 @@ class ConnectorScheduler:
         # composing this one): found now, while it is on the stack.
         scheduler = binding_scheduler(kv_cache_manager)
         if scheduler is not None:
-            self._guard = WarmupsGoFirst(scheduler, self._warmups)
+            self._guard = WarmupsGoFirst(scheduler, self._is_warmup, lambda: self._warmups > 0)
         self._headroom = self._make_headroom(kv_cache_manager, scheduler)
         wrap_allocations(
             kv_cache_manager,
@@ -238,17 +252,22 @@ class ConnectorScheduler:
         # Before any connector after this one reads kv_hints (vLLM's offloading
         # builds its request context from them here): SPEC 5.2.
         request.kv_hints = lower_to_envelope(request.kv_hints, request.kv_transfer_params)
+        params = read_params(request.kv_transfer_params)
+        tracked = self._requests[request.request_id] = _Tracked(request, params)
+        if params.control is not None:
+            return  # delivered when it finishes: it carries no inference
         if self.retention is not None:
-            params, blocks = request.kv_transfer_params, len(request.block_hashes)
-            self.retention.request_added(request.request_id, params, blocks, request)
+            blocks = len(request.block_hashes)
+            self.retention.request_added(request.request_id, params.hinted, blocks, request)
             if self.retention.is_warmup(request.request_id):
-                self._warmups[request.request_id] = request
+                tracked.warmup = True
+                self._warmups += 1
             self._pace_warmups()
         if self.planner is not None:
-            identity = tier_identity(request.kv_transfer_params, self._config.ttl_cap_s)
+            identity = tier_identity(params.hinted, self._config.ttl_cap_s)
             if identity is not None:
                 self.planner.track(request.request_id, *identity)
-                self._tier_requests[request.request_id] = request
+                tracked.tiered = True
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -256,7 +275,7 @@ class ConnectorScheduler:
         # None = "not now": the scheduler passes over the request this step
         # (warm-first admission) and considers it again on the next.
         tokens = 0
-        if self.planner is not None and request.request_id in self._tier_requests:
+        if self.planner is not None and self._tiered(request.request_id):
             try:
                 tokens = self.planner.lookup(
                     request.request_id, request.block_hashes, request.num_tokens,
@@ -286,7 +305,7 @@ class ConnectorScheduler:
             self._shelf.admitted(request.request_id)
         if self.retention is not None:
             self.retention.request_scheduled(request.request_id)
-        if self.planner is not None and request.request_id in self._tier_requests:
+        if self.planner is not None and self._tiered(request.request_id):
             try:
                 block_ids = blocks.get_block_ids()[0]
                 self.planner.allocated(request.request_id, block_ids, num_external_tokens)
@@ -304,7 +323,7 @@ class ConnectorScheduler:
                 request.next_decode_eligible_step >= PAUSED
                 and request.status == RequestStatus.RUNNING
                 and request_id not in scheduled
-                for request_id, request in self._warmups.items()
+                for request_id, request in self._in_flight_warmups()
             )
             self.retention.step_scheduled(scheduled)
             self._pace_warmups()
@@ -316,13 +335,13 @@ class ConnectorScheduler:
             progress = [
                 BlockProgress(
                     req_id,
-                    request.block_hashes,
+                    tracked.request.block_hashes,
                     manager.get_block_ids(req_id)[0],
                     # num_computed_tokens advances only after this call.
-                    request.num_computed_tokens + scheduled,
+                    tracked.request.num_computed_tokens + scheduled,
                 )
                 for req_id, scheduled in scheduler_output.num_scheduled_tokens.items()
-                if (request := self._tier_requests.get(req_id)) is not None
+                if (tracked := self._requests.get(req_id)) is not None and tracked.tiered
             ]
             return AgentHintsMetadata(self.planner.step(progress))
         except Exception:
@@ -331,12 +350,25 @@ class ConnectorScheduler:
             # failed, so vLLM recomputes those blocks.
             return AgentHintsMetadata(self.planner.abandon())
 
+    def _is_warmup(self, request_id: str) -> bool:
+        tracked = self._requests.get(request_id)
+        return tracked is not None and tracked.warmup
+
+    def _tiered(self, request_id: str) -> bool:
+        tracked = self._requests.get(request_id)
+        return tracked is not None and tracked.tiered
+
+    def _in_flight_warmups(self) -> list[tuple[str, Request]]:
+        if not self._warmups:
+            return []
+        return [(rid, t.request) for rid, t in self._requests.items() if t.warmup]
+
     def _pace_warmups(self) -> None:
         """Make running warm-ups sit out the next step, or run again, as the
         retention decides (``EngineRetention.warmups_yield``)."""
         assert self.retention is not None
         paused = self.retention.warmups_yield
-        for request in self._warmups.values():
+        for _, request in self._in_flight_warmups():
             step = request.next_decode_eligible_step
             if paused and step < PAUSED:
                 request.next_decode_eligible_step = step + PAUSED
@@ -354,17 +386,17 @@ class ConnectorScheduler:
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
+        tracked = self._requests.pop(request.request_id, None)
         if self.planner is not None:
             self.planner.finished(request.request_id)
-            self._tier_requests.pop(request.request_id, None)
         retention = self.retention
         if retention is None:
             return False, None
-        warmup = self._warmups.pop(request.request_id, None) is not None
+        warmup = tracked is not None and tracked.warmup
+        self._warmups -= warmup
         self._preemptions[warmup] += request.num_preemptions
-        control = read_control(request.kv_transfer_params)
-        if control is not None:
-            retention.control(control)
+        if tracked is not None and tracked.params.control is not None:
+            retention.control(tracked.params.control)
             return False, None
         pool = self.kv_cache_manager.block_pool if self.kv_cache_manager else None
         # Only full, hashed blocks can be hit again; the partial tail cannot.

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._contract import read_hint_params
+from .._contract import HintedParams
 from .._vllm import envs, parallel_ranks
 from ..tier import (
     GuardedTier,
@@ -44,9 +44,9 @@ PROBE_TIMEOUT_S = 0.05
 """The scheduler waits on a shared-store lookup; a normal one takes under 1 ms."""
 
 
-def tier_identity(params: object, ttl_cap_s: float) -> tuple[str, float] | None:
-    """(tenant, soft pin seconds) of a hinted request, else None (no tier use)."""
-    read = read_hint_params(params)
+def tier_identity(read: HintedParams | None, ttl_cap_s: float) -> tuple[str, float] | None:
+    """(tenant, soft pin seconds) of a hinted request (``read``: its hint),
+    else None (no tier use)."""
     if read is None:
         return None
     hints = read.hints
