@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import time
 from collections import OrderedDict
@@ -12,7 +11,9 @@ from dataclasses import dataclass
 from hints_spec.core import ROOT_BRANCH
 
 from ._estimator import GapEstimator
+from ._heap import IndexedHeap
 from ._keys import BranchKey
+from ._sessions import SessionIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,6 @@ class _Branch:
     deadline: float
     warm_at: float
     fired: bool = False
-    token: int = -1
 
     def view(self) -> Plan:
         return Plan(self.expected_return, self.deadline, self.warm_at, self.fired)
@@ -92,9 +92,8 @@ class PrefetchPlanner:
         departed or updated dropped first), with one ``_sessions`` entry each,
         and at most ``tenant_share`` of them of one tenant (its own least
         recent dropped first): one tenant cannot push another's plans out.
-      - Every tracked branch not yet fired has exactly one valid heap entry
-        (its ``token``) at its ``warm_at``; other entries are stale and
-        skipped, and the heap is rebuilt when they outnumber live ones.
+      - Every tracked branch not yet fired has exactly one heap entry, at
+        its ``warm_at``; a fired or forgotten one has none.
       - ``due`` hands each plan out at most once; only a re-plan
         (``depart``, ``tool_start``) arms it again.
 
@@ -135,9 +134,10 @@ class PrefetchPlanner:
         self._spt = seconds_per_token
         self._smoothing = smoothing
         self._branches: OrderedDict[BranchKey, _Branch] = OrderedDict()
-        self._sessions: dict[tuple[str, str], set[str]] = {}
-        self._heap: list[tuple[float, int, BranchKey]] = []
-        self._tokens = itertools.count()
+        self._sessions = SessionIndex()
+        # Unfired branches by warm-up time (ties: the earlier planned first).
+        self._heap: IndexedHeap[BranchKey] = IndexedHeap()
+        self._order = itertools.count()
         self._fired = 0
         self._returns = 0
         self._early = 0
@@ -182,7 +182,7 @@ class PrefetchPlanner:
         now = self._now(now)
         b = self._branches.pop(key, None)
         if b is None:
-            self._sessions.setdefault((key.tenant, key.sid), set()).add(key.br)
+            self._sessions.add(key)
         b = _Branch(now, tool, gap_hint, tokens, now, now, now)
         self._branches[key] = b
         mine = self._by_tenant.setdefault(key.tenant, OrderedDict())
@@ -218,7 +218,9 @@ class PrefetchPlanner:
         b.tool = tool if tool is not None else b.tool
         b.gap = eta if eta is not None else b.gap
         self._replan(key, b, self._now(now))
-        b.fired = not warm
+        if not warm:
+            b.fired = True
+            self._heap.remove(key)
 
     def tool_end(self, key: BranchKey, now: float | None = None) -> None:
         """``key``'s tool finished: it returns now, warm it at once if not yet."""
@@ -250,7 +252,7 @@ class PrefetchPlanner:
         if key.br != ROOT_BRANCH:
             self._forget(key)
             return
-        for br in list(self._sessions.get((key.tenant, key.sid), ())):
+        for br in self._sessions.branches(key.tenant, key.sid):
             self._forget(key.sibling(br))
         self.estimator.forget_session(key.tenant, key.sid)
 
@@ -259,12 +261,11 @@ class PrefetchPlanner:
         now = self._now(now)
         fired: list[tuple[float, BranchKey]] = []
         heap = self._heap
-        while heap and heap[0][0] <= now:
-            _, token, key = heapq.heappop(heap)
-            b = self._branches.get(key)
-            if b is not None and b.token == token and not b.fired:
-                b.fired = True
-                fired.append((b.expected_return, key))
+        while (top := heap.peek()) is not None and top[0][0] <= now:
+            _, key = heap.pop()
+            b = self._branches[key]
+            b.fired = True
+            fired.append((b.expected_return, key))
         self._fired += len(fired)
         return [key for _, key in sorted(fired, key=lambda f: f[0])]
 
@@ -290,12 +291,9 @@ class PrefetchPlanner:
         self._schedule(key, b)
 
     def _schedule(self, key: BranchKey, b: _Branch) -> None:
-        """Make a fresh heap entry ``b``'s only valid one."""
-        b.token = next(self._tokens)
-        heapq.heappush(self._heap, (b.warm_at, b.token, key))
-        if len(self._heap) > 2 * len(self._branches) + 64:
-            self._heap = [(x.warm_at, x.token, k) for k, x in self._branches.items() if not x.fired]
-            heapq.heapify(self._heap)
+        """(Re)place ``b`` in the heap at its warm-up time, armed."""
+        b.fired = False
+        self._heap.set(key, (b.warm_at, next(self._order)))
 
     def _forget(self, key: BranchKey) -> None:
         if self._branches.pop(key, None) is None:
@@ -304,8 +302,5 @@ class PrefetchPlanner:
         del mine[key]
         if not mine:
             del self._by_tenant[key.tenant]
-        session = (key.tenant, key.sid)
-        branches = self._sessions[session]
-        branches.discard(key.br)
-        if not branches:
-            del self._sessions[session]
+        self._sessions.discard(key)
+        self._heap.remove(key)

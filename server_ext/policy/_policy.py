@@ -20,6 +20,7 @@ from ._keys import BranchHints, BranchKey
 from ._ledger import BlockLedger
 from ._order import DueIndex, Rank, VictimOrder, victim_rank
 from ._retention import Retention
+from ._sessions import SessionIndex
 
 MAX_LIVE_FORKS = 256
 """Live forks one retention tracks (over all fork events); bounds the state a
@@ -128,7 +129,7 @@ class RetentionPolicy:
         self.estimator = estimator or GapEstimator(config.estimator)
         self._clock = clock
         self._retentions: dict[BranchKey, Retention] = {}
-        self._sessions: dict[tuple[str, str], set[str]] = {}
+        self._sessions = SessionIndex()
         self._ledger = BlockLedger()
         self._deadlines = IndexedHeap[BranchKey]()
         # Victim order (all, per tenant), branches due back per tenant, and
@@ -711,8 +712,7 @@ class RetentionPolicy:
         a live fork: a parent whose last child ended keeps its own deadline,
         but at least ``min_retain_s`` more, since it usually resumes now."""
         in_session = [
-            self._retentions[key.sibling(br)]
-            for br in self._sessions.get((key.tenant, key.sid), ())
+            self._retentions[key.sibling(br)] for br in self._sessions.branches(key.tenant, key.sid)
         ]
         if session:
             self.estimator.forget_session(key.tenant, key.sid)
@@ -734,7 +734,7 @@ class RetentionPolicy:
 
     def _insert(self, r: Retention, now: float) -> None:
         self._retentions[r.key] = r
-        self._sessions.setdefault((r.key.tenant, r.key.sid), set()).add(r.key.br)
+        self._sessions.add(r.key)
         self._ledger.add(r.key.tenant, r.block_ids)
         self._tenant_retentions[r.key.tenant] += 1
         self._holds += 1
@@ -746,10 +746,7 @@ class RetentionPolicy:
         globally and by its tenant. Its heap entry goes stale."""
         key = r.key
         del self._retentions[key]
-        branches = self._sessions[(key.tenant, key.sid)]
-        branches.discard(key.br)
-        if not branches:
-            del self._sessions[(key.tenant, key.sid)]
+        self._sessions.discard(key)
         freed, tenant_freed = self._ledger.remove(key.tenant, r.block_ids)
         self._deadlines.remove(key)
         self._order.remove(key)
