@@ -18,16 +18,14 @@ from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock, make_block_hash
 
 from server_ext.__main__ import main as serve_main
 from server_ext._config import ExtensionConfig, ExtensionConfigError
-from server_ext._pool import (
+from server_ext._eviction import (
     BACKOFF_MEMORY,
     ORDER_BACKOFF,
     ORDER_MARGIN,
     ORDER_SIGMAS,
     EvictionPayoff,
-    HoldPort,
-    ShelfPort,
-    allocate_after_room,
 )
+from server_ext._pool import HoldPort, ShelfPort, allocate_after_room
 from server_ext.policy import MAX_ROOM_CALLS, Payoff
 
 N = 12  # block 0 is vLLM's null block: 11 usable
