@@ -41,11 +41,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -66,9 +63,24 @@ from hints_spec import (
 )
 from hints_spec.core import Event, ToolStartEvent
 
+from ._asgi import (
+    ASGIApp,
+    Message,
+    RateLimit,
+    Receive,
+    Scope,
+    Send,
+    error_body,
+    peer,
+    read_body,
+    route,
+    send_json,
+    splice_members,
+    without_header,
+)
 from ._config import ExtensionConfig
 from ._contract import RESERVED_KEYS, hint_params
-from ._prefetch import ASGIApp, Branch, Message, Prefetcher, Receive, Scope, Send, replay_body
+from ._prefetch import Branch, Prefetcher, replay_body
 from ._routing import RANK_HEADER, SessionRanks
 from ._tenant import DEFAULT_TENANT, Tenancy, TenantRefused
 from ._tools import ToolCallNames
@@ -82,8 +94,6 @@ logger = logging.getLogger(__name__)
 CHAT_PATH = "/v1/chat/completions"
 INFERENCE_PATHS = frozenset({CHAT_PATH, "/v1/completions", "/v1/responses"})
 MAX_CONTROL_BYTES = 64 * 1024
-MAX_RATE_TENANTS = 65536
-"""Tenants whose control-rate buckets are remembered (least recently used go)."""
 _HEADER = HEADER_NAME.lower()
 _INTEROP_HEADERS = (SESSION_HEADER.lower(), "x-dynamo-session-id")
 # Any of these keys in a body means it may carry hints or reserved keys (each has
@@ -147,31 +157,6 @@ class _Refused(Exception):
         self.status, self.code = status, code
 
 
-class RateLimit:
-    """Token buckets per tenant: ``rate`` per second, bursts of ``2 * rate``.
-
-    At most ``MAX_RATE_TENANTS`` buckets are kept; a forgotten tenant starts
-    full again, as a new one would.
-    """
-
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._rate = rate
-        self._burst = max(2.0 * rate, 1.0)
-        self._clock = clock
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
-
-    def take(self, tenant: str) -> float:
-        """0 when ``tenant`` may go on, else the seconds until it may."""
-        now = self._clock()
-        tokens, then = self._buckets.pop(tenant, (self._burst, now))
-        tokens = min(self._burst, tokens + (now - then) * self._rate)
-        wait = 0.0 if tokens >= 1 else (1 - tokens) / self._rate
-        self._buckets[tenant] = (tokens - 1 if wait == 0 else tokens, now)
-        if len(self._buckets) > MAX_RATE_TENANTS:
-            self._buckets.popitem(last=False)
-        return wait
-
-
 @dataclass(frozen=True, slots=True)
 class _Setup:
     """What the middleware reads once from vLLM's app state."""
@@ -213,23 +198,23 @@ class AgentHintsMiddleware:
         if setup.tenancy is not None:
             try:
                 tenant = setup.tenancy.resolve(
-                    scope["headers"], _peer(scope), verified or not setup.keys.configured
+                    scope["headers"], peer(scope), verified or not setup.keys.configured
                 )
             except TenantRefused as e:
                 REFUSED.labels("untrusted_tenant").inc()
-                await _json(send, 403, _error("untrusted_tenant", str(e)))
+                await send_json(send, 403, error_body("untrusted_tenant", str(e)))
                 return
             if setup.tenancy.secret_header is not None:
-                scope = _without_header(scope, setup.tenancy.secret_header)
-        if _route(scope) == CONTROL_PATH:
+                scope = without_header(scope, setup.tenancy.secret_header)
+        if route(scope) == CONTROL_PATH:
             await self._control(setup, tenant or DEFAULT_TENANT, scope, receive, send)
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         try:
             rewritten, branch = self._rewrite(setup.config, tenant, scope, body)
         except _Refused as e:
             REFUSED.labels(e.code).inc()
-            await _json(send, e.status, _error(e.code, str(e)))
+            await send_json(send, e.status, error_body(e.code, str(e)))
             return
         if rewritten is not body:
             scope = dict(scope)
@@ -239,7 +224,7 @@ class AgentHintsMiddleware:
         if branch is not None and setup.ranks is not None:
             scope = _on_rank(scope, setup.ranks.rank(branch.key.tenant, branch.key.sid))
         replay = replay_body(rewritten, receive)
-        if branch is not None and not branch.end and _route(scope) == CHAT_PATH:
+        if branch is not None and not branch.end and route(scope) == CHAT_PATH:
             send = _naming_waits(send, scope["app"].state, branch.key, setup.ranks)
         if setup.prefetcher is None:
             await self.app(scope, replay, send)
@@ -274,7 +259,7 @@ class AgentHintsMiddleware:
     ) -> tuple[bytes, Branch | None]:
         """The body to forward (``body`` itself unless hints or reserved keys
         changed it) and the branch of its lowered hints."""
-        inference = _route(scope) in INFERENCE_PATHS
+        inference = route(scope) in INFERENCE_PATHS
         salted = config is not None and config.salt_per_tenant and tenant is not None
         headers = combine_field_lines(
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
@@ -334,7 +319,9 @@ class AgentHintsMiddleware:
         if not changed:
             return body, branch
         try:
-            return (_splice(body, payload) if splice else json.dumps(payload).encode()), branch
+            return (
+                splice_members(body, payload) if splice else json.dumps(payload).encode()
+            ), branch
         except RecursionError:
             raise _Refused(400, "too_deep", "JSON body nested too deeply") from None
 
@@ -344,29 +331,31 @@ class AgentHintsMiddleware:
         self, setup: _Setup, tenant: str, scope: Scope, receive: Receive, send: Send
     ) -> None:
         if setup.config is None:
-            await _json(
-                send, 404, _error("not_enabled", "the agent-hints connector is not enabled")
+            await send_json(
+                send, 404, error_body("not_enabled", "the agent-hints connector is not enabled")
             )
             return
         if setup.limit is not None and (wait := setup.limit.take(tenant)) > 0:
             REFUSED.labels("rate_limited").inc()
-            await _json(
+            await send_json(
                 send,
                 429,
-                _error("rate_limited", "too many control requests; retry later"),
+                error_body("rate_limited", "too many control requests; retry later"),
                 [(b"retry-after", str(math.ceil(wait)).encode())],
             )
             return
-        body = await _read_body(receive, limit=MAX_CONTROL_BYTES)
+        body = await read_body(receive, limit=MAX_CONTROL_BYTES)
         if body is None:
-            await _json(send, 413, _error("too_long", f"body over {MAX_CONTROL_BYTES} bytes"))
+            await send_json(
+                send, 413, error_body("too_long", f"body over {MAX_CONTROL_BYTES} bytes")
+            )
             return
         try:
             sid, events = parse_control(json.loads(body))
         except (ValueError, RecursionError) as e:  # HintError, and JSON errors
             code = e.code if isinstance(e, HintError) else "syntax"
             message = str(e) if isinstance(e, ValueError) else "JSON nested too deeply"
-            await _json(send, 400, _error(str(code), message))
+            await send_json(send, 400, error_body(str(code), message))
             return
         # SPEC 6.4, untrusted mode: "accepted" for every valid event, "rejected"
         # with its validation code otherwise; nothing depends on engine state
@@ -388,7 +377,7 @@ class AgentHintsMiddleware:
             await send_control(scope["app"].state, tenant, sid, accepted, rank=rank)
             if setup.prefetcher is not None:
                 setup.prefetcher.control(tenant, sid, accepted)
-        await _json(send, 200, ControlResponse(results=results).model_dump(exclude_none=True))
+        await send_json(send, 200, ControlResponse(results=results).model_dump(exclude_none=True))
 
 
 def _on_rank(scope: Scope, rank: int) -> Scope:
@@ -446,24 +435,6 @@ def _naming_waits(send: Send, state: Any, key: BranchKey, ranks: SessionRanks | 
     return watched
 
 
-def _route(scope: Scope) -> str:
-    """The path below ``--root-path``, as vLLM's routing and auth match it."""
-    return str(scope["path"]).removeprefix(scope.get("root_path", ""))
-
-
-def _peer(scope: Scope) -> str | None:
-    client = scope.get("client")
-    return str(client[0]) if client else None
-
-
-def _without_header(scope: Scope, name: bytes) -> Scope:
-    if all(k != name for k, _ in scope["headers"]):
-        return scope
-    scope = dict(scope)
-    scope["headers"] = [(k, v) for k, v in scope["headers"] if k != name]
-    return scope
-
-
 def _may_carry_hints(body: bytes) -> bool:
     """Whether ``body`` has bytes that could spell a hint or a reserved key.
 
@@ -478,59 +449,3 @@ def _may_carry_hints(body: bytes) -> bool:
 def _mentions(body: bytes, key: bytes) -> bool:
     """Whether ``body`` has the bytes of ``key``, a name with a "_" in it."""
     return b"_" in body and key in body
-
-
-def _splice(body: bytes, members: dict[str, Any]) -> bytes:
-    """``body``, a JSON object with none of ``members``' keys, with ``members``
-    added first; the rest of its bytes are kept as they are."""
-    start = body.index(b"{") + 1
-    rest = body[start:]
-    comma = b"" if rest.lstrip()[:1] == b"}" else b","
-    return body[:start] + json.dumps(members)[1:-1].encode() + comma + rest
-
-
-@overload
-async def _read_body(receive: Receive) -> bytes: ...
-@overload
-async def _read_body(receive: Receive, limit: int) -> bytes | None: ...
-async def _read_body(receive: Receive, limit: int | None = None) -> bytes | None:
-    """The whole request body; None when it exceeds ``limit`` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if limit is not None and size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-def _error(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message}}
-
-
-async def _json(
-    send: Send,
-    status: int,
-    payload: dict[str, Any],
-    headers: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    data = json.dumps(payload).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(data)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": data})

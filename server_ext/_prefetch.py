@@ -25,26 +25,21 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import Counter, Gauge
 
 from hints_spec.core import ROOT_BRANCH, USER_TOOL, EndEvent, Event, ToolEndEvent, ToolStartEvent
 
+from ._asgi import ASGIApp, Message, Receive, Scope, Send
 from ._contract import PREFETCH_KEY, read_hint_params
 from .policy import BranchKey, PrefetchPlanner
 
-__all__ = ["ASGIApp", "Branch", "Message", "Prefetcher", "Receive", "Scope", "Send", "replay_body"]
+__all__ = ["Branch", "Prefetcher", "replay_body"]
 
 logger = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PREFETCHES = Counter(
     "agent_hints_prefetch",
