@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 
-from server_ext._contract import read_control
+from server_ext._contract import read_control, read_params
 from server_ext._engine import EngineRetention
 
 from ._cache import DevicePool
@@ -131,7 +131,7 @@ class Engine:
         B = self.preset.block_tokens
         r.anon = math.ceil((r.prompt_tokens + r.output_tokens) / B) - len(r.keys)
         if self.retention is not None:
-            self.retention.request_added(r.request_id, r.params, len(r.keys), r)
+            self.retention.request_added(r.request_id, read_params(r.params).hinted, len(r.keys), r)
         if self.tier is not None:
             r.tier_ctx = Tier.context(r.request_id, r.params)
             self.tier.begin(r.tier_ctx)
