@@ -15,9 +15,9 @@ it prefilled per request (``server_prefill_tokens`` over ``requests``); a
 line through those points gives seconds per prefilled token (its slope) and
 a step's fixed cost (its intercept). A request's prefill time holds the
 whole steps it shared with others, so where the run's vLLM logs lie beside
-its JSON (``<name>-logs/``, as the suite writes them) the seconds per token
-are instead the engine's saturated prompt throughput there
-(``logged_token_s``). Several suite files of one family (e.g. one per
+its JSON (``<name>-logs/``, as the suite writes them) the step cost is
+instead the engine's saturated prompt throughput there
+(``logged_token_s``), per token, with no fixed part. Several suite files of one family (e.g. one per
 configuration) are merged.
 """
 
@@ -103,6 +103,9 @@ def step_costs(repeats: Mapping[str, Any], logs: Sequence[Path] = ()) -> Measure
             if time_s is not None and tokens and n:
                 points.append((tokens / n, time_s))
     logged = logged_token_s(logs)
+    if logged is not None:
+        # The logs' throughput is the whole step's: no separate fixed cost.
+        return Measured(0.0, logged, 0.0)
     if not points:
         raise SystemExit("error: the run has no server_prefill_time_mean_s to take step costs from")
     xs = [x for x, _ in points]
@@ -111,8 +114,8 @@ def step_costs(repeats: Mapping[str, Any], logs: Sequence[Path] = ()) -> Measure
         mx, my = statistics.fmean(xs), statistics.fmean(ys)
         slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
         if slope > 0:
-            return Measured(max(my - slope * mx, 0.0), logged or slope, 0.0)
-    return Measured(0.0, logged or sum(ys) / sum(xs), 0.0)
+            return Measured(max(my - slope * mx, 0.0), slope, 0.0)
+    return Measured(0.0, sum(ys) / sum(xs), 0.0)
 
 
 def testbed_preset(
