@@ -19,22 +19,16 @@ import anyio
 from hints_spec import USER_TOOL, End
 
 from ._agent import Agent
-from ._branch import (
-    DEFAULT_MAX_TURNS,
-    BranchContext,
-    RunEnv,
-    root_context,
-    run_agent,
-    spawn,
-    system_prompt,
-)
 from ._config import RunConfig
 from ._context import RunContext
 from ._control import CONTROL_TIMEOUT
+from ._env import DEFAULT_MAX_TURNS, BranchContext, RunEnv, root_context, system_prompt
 from ._errors import UserError, no_running_loop
+from ._fork import spawn
 from ._hooks import RunHooks, dispatch
 from ._items import AgentInput, Message, input_messages
 from ._latency import LatencyEstimator, user_wait
+from ._loop import run_agent
 from ._model import ModelClient, control_sender, is_model_client, server_of
 from ._result import RunResult
 from ._scope import check_session_id, current_hints
@@ -263,6 +257,7 @@ async def _run_root(run: _Run, publish: Publish | None) -> RunResult:
         tracer=tracer(config.tracer_provider),
         metrics=ClientMetrics(config.meter_provider),
         server=server_of(run.client),
+        run_branch=run_agent,
         capture_content=capture_content(),
     )
     context = root_context(run.agent, run.model, session_id, run.context, env)

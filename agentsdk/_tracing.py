@@ -16,13 +16,20 @@ import importlib.metadata
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openai.types.chat import ChatCompletion
 from opentelemetry.metrics import Histogram, MeterProvider, get_meter
 from opentelemetry.trace import Tracer, TracerProvider, get_tracer
+from opentelemetry.util.types import AttributeValue
 
 from hints_spec import OTEL_CONVERSATION_ID
+
+from ._context import RunContext
+from ._errors import ModelCallError
+
+if TYPE_CHECKING:
+    from ._config import ModelSettings
 
 __all__ = [
     "AGENT_HINTS_BRANCH",
@@ -65,8 +72,11 @@ __all__ = [
     "SERVER_PORT",
     "VERSION",
     "ClientMetrics",
+    "branch_attributes",
     "capture_content",
+    "error_type",
     "input_content",
+    "operation_attributes",
     "output_content",
     "tracer",
 ]
@@ -210,3 +220,39 @@ class ClientMetrics:
             description="GenAI operation duration.",
             explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
         )
+
+
+def error_type(err: Exception) -> str:
+    """``error.type``: the failure's own class (a model call's: the client's exception)."""
+    cause = err.__cause__ if isinstance(err, ModelCallError) and err.__cause__ else err
+    return type(cause).__qualname__
+
+
+def operation_attributes(
+    model: str, settings: ModelSettings, server: tuple[str, int] | None
+) -> dict[str, AttributeValue]:
+    """What ``invoke_agent`` and ``chat`` spans say of the requests: provider, model, the
+    sampling parameters that are set, and the server."""
+    attributes: dict[str, AttributeValue] = {
+        GEN_AI_PROVIDER_NAME: PROVIDER_NAME,
+        GEN_AI_REQUEST_MODEL: model,
+    }
+    for key, value in (
+        (GEN_AI_REQUEST_TEMPERATURE, settings.temperature),
+        (GEN_AI_REQUEST_TOP_P, settings.top_p),
+        (GEN_AI_REQUEST_MAX_TOKENS, settings.max_tokens),
+        (GEN_AI_REQUEST_SEED, settings.seed),
+    ):
+        if value is not None:
+            attributes[key] = value
+    if server is not None:
+        attributes |= {SERVER_ADDRESS: server[0], SERVER_PORT: server[1]}
+    return attributes
+
+
+def branch_attributes(context: RunContext[Any]) -> dict[str, str]:
+    """The session, the branch and its parent, on every span of a branch."""
+    attributes = {GEN_AI_CONVERSATION_ID: context.session_id, AGENT_HINTS_BRANCH: context.branch}
+    if context.parent_branch is not None:
+        attributes[AGENT_HINTS_PARENT_BRANCH] = context.parent_branch
+    return attributes

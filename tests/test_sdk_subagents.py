@@ -18,7 +18,7 @@ from agentsdk import (
     ScriptedModel,
     tool,
 )
-from agentsdk._branch import BranchContext, RunEnv, root_context
+from agentsdk._env import BranchContext, RunEnv, root_context
 from hints_spec import End, Fork, ToolStart
 
 pytestmark = pytest.mark.anyio
@@ -155,6 +155,7 @@ async def test_nested_children_and_failures() -> None:
 def _root_context(model: ScriptedModel) -> BranchContext:
     from agentsdk import RunConfig
     from agentsdk._latency import LatencyEstimator
+    from agentsdk._loop import run_agent
     from agentsdk._tracing import ClientMetrics, tracer
 
     async def emit(event: object) -> None:
@@ -170,6 +171,7 @@ def _root_context(model: ScriptedModel) -> BranchContext:
         tracer(None),
         ClientMetrics(None),
         None,
+        run_agent,
     )
     return root_context(Agent(name="p", model="m"), "m", "s1", None, env)
 
