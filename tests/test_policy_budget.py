@@ -161,15 +161,15 @@ def test_expire_is_lazy_and_the_indexes_hold_each_retention_once() -> None:
         for k in keys:
             p.on_control("A", k.sid, ToolStartEvent(tool="t", eta=30.0 + step), now=float(step))
     # Re-planned 20 times each, every retention is still in each index once.
-    assert len(p._deadlines) == len(p._order) == len(keys)
+    assert len(p._table.deadlines) == len(p._table.ranking.order) == len(keys)
     assert p.expire(now=20.0) == []
-    assert len(p._deadlines) == len(keys)
+    assert len(p._table.deadlines) == len(keys)
     start = time.perf_counter()
     for _ in range(10_000):
         p.expire(now=20.0)
     assert time.perf_counter() - start < 0.5
     assert len(p.expire(now=10_000.0)) == len(keys)
-    assert len(p._deadlines) == len(p._order) == 0 and p.held_blocks == 0
+    assert len(p._table.deadlines) == len(p._table.ranking.order) == 0 and p.held_blocks == 0
 
 
 def test_expire_skips_entries_of_replaced_or_extended_retentions() -> None:

@@ -479,7 +479,7 @@ def test_a_policy_fault_drops_every_retention_and_gives_each_reference_back(
     holds = e.stats.holds
 
     def half_done(now: float | None = None) -> list[object]:
-        e.policy._retentions.popitem()  # stops half-way through an update
+        e.policy._table.retentions.popitem()  # stops half-way through an update
         raise RuntimeError("policy bug")
 
     monkeypatch.setattr(e.policy, "expire", half_done)

@@ -732,7 +732,7 @@ def test_making_room_does_work_independent_of_the_number_of_tenants(
     for i in range(20_000):
         _retain(p, f"t{i}", "s", (i % 900,), gap=10.0)
     visited: list[str] = []
-    ledger = p._ledger
+    ledger = p._table.ledger
     held = ledger.tenant_held
     monkeypatch.setattr(ledger, "tenant_held", lambda t: visited.append(t) or held(t))
     monkeypatch.setattr(ledger, "tenants", lambda: pytest.fail("visited every tenant"))

@@ -16,17 +16,13 @@ from ._actions import Action, Decision, Hold, Reason, Release, ReleaseReason
 from ._admission import AdmissionConfig, AdmissionTrial, StepTimer, WarmFirstGate
 from ._config import EstimatorConfig, PolicyConfig
 from ._estimator import GapEstimator, Prediction, ReturnPlan, median_given_elapsed
+from ._evict import MAX_DROPS, MAX_ROOM_CALLS
 from ._keys import BranchHints, BranchKey
 from ._payoff import Payoff
 from ._planner import Plan, PlannerStats, PrefetchPlanner
-from ._policy import (
-    MAX_DROPS,
-    MAX_LIVE_FORKS,
-    MAX_ROOM_CALLS,
-    PolicyStats,
-    RetentionPolicy,
-)
+from ._policy import PolicyStats, RetentionPolicy
 from ._retention import Retention
+from ._table import MAX_LIVE_FORKS
 
 __all__ = [
     "MAX_DROPS",

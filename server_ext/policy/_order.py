@@ -9,17 +9,21 @@ answer and are updated in O(log n) per change, with nothing stale to rebuild.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from ._heap import IndexedHeap
 from ._keys import BranchKey
 from ._retention import Retention
 
-__all__ = ["DueIndex", "Rank", "VictimOrder", "victim_rank"]
+__all__ = ["DueIndex", "Rank", "Ranking", "VictimOrder", "victim_rank"]
 
 Rank = tuple[int, float, int, float]
 """Victim order, smallest first (see ``victim_rank``)."""
+
+_RERANKS_PER_CALL = 4
+"""Branches re-ranked per call at most: a burst of them waits for later calls
+(their ranks are a little stale meanwhile) rather than stall one."""
 
 
 def victim_rank(r: Retention, now: float) -> Rank:
@@ -102,3 +106,95 @@ class DueIndex:
             if key != other_than:
                 return True
         return False
+
+
+class Ranking:
+    """Every live retention's place in victim order (over all tenants and in
+    its tenant's), in its tenant's ``DueIndex`` while it is away, and when it
+    is next re-ranked.
+
+    A branch away ranks by its predicted next use, which grows while it stays
+    away; keeping the orders current without re-sorting means re-ranking each
+    branch at a few points of its gap, and those points are a heap of their
+    own. This object keeps the four indexes in step, so the table and the
+    evictions see one ranking.
+
+    Invariants: each retention of ``retentions`` (the table's, shared) is in
+    ``order`` and its tenant's order at its ``rank``, in its tenant's due
+    index while it is away, and in ``_rerank`` while it is due to be
+    re-ranked; a tenant without retentions has no order and no due index.
+    """
+
+    def __init__(self, retentions: Mapping[BranchKey, Retention]) -> None:
+        self._retentions = retentions
+        self.order = VictimOrder()
+        self._tenant_orders: dict[str, VictimOrder] = {}
+        self._due: dict[str, DueIndex] = {}
+        self._rerank = IndexedHeap[BranchKey]()
+
+    def order_of(self, tenant: str) -> VictimOrder:
+        """``tenant``'s victim order."""
+        order = self._tenant_orders.get(tenant)
+        if order is None:
+            order = self._tenant_orders[tenant] = VictimOrder()
+        return order
+
+    def index(self, r: Retention, now: float) -> None:
+        """(Re-)rank ``r`` in the victim orders and the due index, and plan
+        when it is next re-ranked: at its planned return, then each time the
+        time it has been away doubles (its predicted next use grows)."""
+        key = r.key
+        r.rank = victim_rank(r, now)
+        self.order.set(key, r.rank)
+        self.order_of(key.tenant).set(key, r.rank)
+        due = self._due.setdefault(key.tenant, DueIndex())
+        due.discard(r)
+        if r.arrived_at is not None:
+            self._rerank.remove(key)
+            return
+        due.add(r)
+        since = r.plan.since
+        at = max(r.expected_return, since + 2 * (now - since))
+        if at < r.effective_deadline:
+            self._rerank.set(key, at)
+        else:
+            self._rerank.remove(key)
+
+    def remove(self, r: Retention, last_of_tenant: bool) -> None:
+        """Take ``r`` out of every index; with ``last_of_tenant``, its
+        tenant's order and due index go too."""
+        key = r.key
+        self.order.remove(key)
+        self._rerank.remove(key)
+        if (order := self._tenant_orders.get(key.tenant)) is not None:
+            order.remove(key)
+        if (due := self._due.get(key.tenant)) is not None:
+            due.discard(r)
+        if last_of_tenant:
+            self._tenant_orders.pop(key.tenant, None)
+            self._due.pop(key.tenant, None)
+
+    def rerank_due(self, now: float) -> None:
+        """Re-rank (a bounded number of) the branches away whose time has come."""
+        for _ in range(_RERANKS_PER_CALL):
+            first = self._rerank.peek()
+            if first is None or first[0] > now:
+                return
+            self.index(self._retentions[first[1]], now)
+
+    def rank_back(self, key: BranchKey) -> Rank | None:
+        """Where a scanned retention goes back to (None: it was released)."""
+        r = self._retentions.get(key)
+        return None if r is None else r.rank
+
+    def return_due(self, low: float, high: float, other_than: BranchKey) -> bool:
+        """Whether a branch of ``other_than``'s tenant (not ``other_than``
+        itself, not yet arrived) is planned back in ``[low, high]``."""
+        due = self._due.get(other_than.tenant)
+        return due is not None and due.any_within(low, high, other_than)
+
+    def clear(self) -> None:
+        self.order = VictimOrder()
+        self._tenant_orders.clear()
+        self._due.clear()
+        self._rerank.clear()
