@@ -116,10 +116,11 @@ def test_each_recorded_call_is_one_token_id_request_and_each_tool_waits_as_recor
     recorded = [r.recorded_wait_s for r in records]
     assert recorded == pytest.approx([0.1, 0.001, 0.1, 0.001, 0.1, None])
     # The SDK learns per kind: by the third test run its ETA is the tests' wait, while
-    # a Read's is a millisecond.
+    # a Read's is a millisecond plus the loop's own time (a few ms on a busy machine),
+    # far below the tests' 100 ms.
     assert [r.wait_kind for r in records] == [*(e["tool"] for e in starts), None]
     assert records[4].eta_s == pytest.approx(0.1, rel=0.5)
-    assert records[3].eta_s is not None and records[3].eta_s < 0.005
+    assert records[3].eta_s is not None and records[3].eta_s < 0.02
     assert all(r.server_gap_s == 0.1 for r in records)
     assert records[-1].ends_turn and records[-1].eta_s is None
 
