@@ -33,6 +33,7 @@ __all__ = [
     "OFFLOAD_MODULE",
     "OFFLOAD_POLICY",
     "OFFLOAD_SPEC",
+    "OFFLOAD_STORE_KEY",
     "RETENTION_MODES",
     "ExtensionConfig",
     "ExtensionConfigError",
@@ -58,6 +59,9 @@ OFFLOAD_SPEC = "HostOffloadingSpec"
 """vLLM's CPU offloading spec, with a host-to-host copy where vLLM has none."""
 OFFLOAD_POLICY = "AgentHintsCachePolicy"
 """The offloading tier's cache policy that reads the hints."""
+OFFLOAD_STORE_KEY = "store"
+"""The key of ``HostOffloadingConnector``'s extra config that says when it
+stores a block (``server_ext.tier.TIER_STORES``)."""
 
 
 def extension_extra(

@@ -29,11 +29,12 @@ from ._config import (
     OFFLOAD_MODULE,
     OFFLOAD_POLICY,
     OFFLOAD_SPEC,
+    OFFLOAD_STORE_KEY,
     OFFLOADING_CONNECTOR,
     OFFLOADING_CONNECTORS,
     ExtensionConfig,
 )
-from .tier import TierConfig, kv_role
+from .tier import TIER_STORES, TierConfig, kv_role
 
 __all__ = [
     "API_SERVER_MODULE",
@@ -79,14 +80,17 @@ _SPREAD_ARCHES = ("x86_64", "amd64", "i686", "aarch64", "arm64", "riscv64")
 """CPU architectures on which vLLM reserves a core per local rank (else one)."""
 
 
-def offloading_transfer(tier_bytes: int, *, hints: bool = True) -> dict[str, object]:
+def offloading_transfer(
+    tier_bytes: int, *, hints: bool = True, store: str = TIER_STORES[0]
+) -> dict[str, object]:
     """vLLM's ``OffloadingConnector`` with ``tier_bytes`` of host memory for
     offloaded KV (all workers together, as vLLM's ``cpu_bytes_to_use``), its
     spec runnable on the CPU test bed too (``server_ext.offload``).
 
     ``hints``: the extension's cache policy, which reads each request's
     hints; False: vLLM's LRU, which reads none (what a GPU user gets with
-    ``--kv-offloading-size``: the hint-free baseline).
+    ``--kv-offloading-size``: the hint-free baseline). ``store``: when a
+    block is stored (``TIER_STORES``; vLLM's own is ``computed``).
     """
     extra: dict[str, object] = {
         "spec_name": OFFLOAD_SPEC,
@@ -96,6 +100,8 @@ def offloading_transfer(tier_bytes: int, *, hints: bool = True) -> dict[str, obj
     }
     if hints:
         extra.update(eviction_policy=OFFLOAD_POLICY, cache_policy_module_path=OFFLOAD_MODULE)
+    if store != TIER_STORES[0]:
+        extra[OFFLOAD_STORE_KEY] = store
     return {
         "kv_connector": HOST_OFFLOADING_CONNECTOR,
         "kv_connector_module_path": OFFLOAD_MODULE,
@@ -238,7 +244,11 @@ def transfer_config(
         {k: v for k, v in own.items() if k != "kv_connector_extra_config"},
     )
     ours["kv_connector_extra_config"] = extra
-    offloading = offloading_transfer(tier.budget_bytes) if tier and tier.kind == "host" else None
+    offloading = (
+        offloading_transfer(tier.budget_bytes, store=tier.store)
+        if tier and tier.kind == "host"
+        else None
+    )
     if children is None and offloading is None:
         return _merged(ours, top)
     connectors = _composed(children or [], ours, offloading)

@@ -75,6 +75,7 @@ def _connector(in_step: bool, hit: int = 0) -> tuple[HostOffloadingConnector, Re
     connector._connector_metadata = OffloadingConnectorMetadata({}, {})
     connector.__dict__["_bounding_group_ids"] = ()  # no group outside the offloading
     connector._loads_in_step = in_step
+    connector._evictions = None
     return connector, scheduler
 
 

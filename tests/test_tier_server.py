@@ -33,6 +33,7 @@ BLOCKS = 48
 SESSION = 1536  # tokens: 24 full blocks
 FLOOD = 1900  # tokens: 30 blocks
 TTL_S = 1  # the session's retention, so that the floods evict it
+BLOCK_BYTES = 128 << 10  # one block of the test model's KV (all layers, K and V)
 
 
 @contextmanager
@@ -177,6 +178,36 @@ def test_evicted_prefix_returns_from_vllms_offloading(host_server: LocalServer) 
     assert after["agent_hints_holds_total"] > 0
     assert "agent_hints_headroom_armed" in after
     end(host_server, "host")
+
+
+@pytest.fixture(scope="module")
+def eviction_server(
+    test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalServer]:
+    # 64 blocks of tier: the session and both floods (84 blocks) fit in device
+    # plus tier (112) only if the two hold different blocks.
+    tier = {"tier_bytes": 8 << 20, "tier_store": "evicted"}
+    with tier_server(test_model_dir, tmp_path_factory.mktemp("evict-logs"), tier) as server:
+        yield server
+
+
+def test_stores_at_eviction_keep_device_and_tier_apart(eviction_server: LocalServer) -> None:
+    """Nothing is written to the tier as it is computed; what the floods
+    evict is, so device plus tier hold the session and both floods, and the
+    session comes back whole (write-through at these bytes: 6 of 24 blocks)."""
+    server, sid = eviction_server, "evict"
+    session = tokens(5, SESSION)
+    hints = f'v=1, sid="{sid}", ttl={TTL_S}'
+    cold = complete(server, session, hints)
+    assert complete(server, session, hints).cached >= SESSION - 64
+    assert metric(server, HOST.saved) == 0  # still on the device: not copied
+    evict(server, 50)
+    back = complete(server, session, hints)
+    loaded = wait_metric(server, HOST.loaded, 1)
+    assert back.cached >= SESSION - 64
+    assert loaded >= (SESSION // 64 - 1) * BLOCK_BYTES
+    assert back.text == cold.text
+    assert metric(server, "agent_hints_faults_total") == 0
 
 
 def test_an_end_reaches_the_offloading_tiers_policy(host_server: LocalServer) -> None:

@@ -22,6 +22,10 @@ only for a request that waited). The job itself still completes through
 vLLM's worker metadata, so ``CPUOffloadingManager``'s ``complete_load`` and
 the cache policy see every load. Everywhere else (a GPU, or a spec that is
 not ``HostOffloadingSpec``) it is vLLM's connector, unchanged.
+
+With ``"store": "evicted"`` in its extra config it stores blocks when the
+device evicts them instead of as they are computed
+(``_victims``), on any spec.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+    OffloadingConnectorMetadata,
+    OffloadingWorkerMetadata,
+    TransferJob,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (
     OffloadingConnectorScheduler,
 )
@@ -38,13 +47,16 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
 from ._spec import HostOffloadingSpec
+from ._victims import STORE_KEY, STORE_MODES, EvictionStores, eviction_stores_unsupported
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+    from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 __all__ = ["HostOffloadingConnector"]
@@ -79,6 +91,30 @@ class HostOffloadingConnector(OffloadingConnector):
                 "stay asynchronous (one engine step per tier hit)",
                 sorted(missing),
             )
+        store = extra.get(STORE_KEY, STORE_MODES[0])
+        if store not in STORE_MODES:
+            raise ValueError(
+                f"kv_connector_extra_config[{STORE_KEY!r}]={store!r}: expected one of {STORE_MODES}"
+            )
+        self._evictions: EvictionStores | None = None
+        if store == "evicted" and self.connector_scheduler is not None:
+            why = eviction_stores_unsupported(self.scheduler)
+            if why is None:
+                self._evictions = EvictionStores(self.scheduler)
+                # Nothing is written through as computed (a method of vLLM's
+                # scheduler side, replaced on this instance only).
+                self.scheduler._build_store_jobs = _no_stores  # type: ignore[method-assign]
+            else:
+                logger.warning(
+                    "agent-hints offloading: stores at eviction are off (%s); blocks are "
+                    "stored as computed",
+                    why,
+                )
+
+    def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
+        super().bind_gpu_block_pool(gpu_block_pool)
+        if self._evictions is not None:
+            self._evictions.bind(gpu_block_pool)
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -114,6 +150,19 @@ class HostOffloadingConnector(OffloadingConnector):
         super().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = self._build_meta(scheduler_output)
+        if self._evictions is not None:
+            assert isinstance(meta, OffloadingConnectorMetadata)
+            self._evictions.build(meta)
+        return meta
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if self._evictions is not None and isinstance(meta, OffloadingWorkerMetadata):
+            self._evictions.completed(meta)
+        super().update_connector_output(connector_output)
+
+    def _build_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         if not self._loads_in_step:
             return super().build_connector_meta(scheduler_output)
         # vLLM's scheduler side issues a request's stores only while no load of
@@ -137,3 +186,8 @@ class HostOffloadingConnector(OffloadingConnector):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         sending, receiving = super().get_finished(finished_req_ids)
         return sending, set() if self._loads_in_step else receiving
+
+
+def _no_stores(scheduler_output: SchedulerOutput) -> dict[int, TransferJob]:
+    """vLLM's write-through, off: stores at eviction write the tier."""
+    return {}

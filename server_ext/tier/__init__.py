@@ -11,7 +11,15 @@ loaded back on return instead of recomputed. The scheduler side plans
 """
 
 from ._blocks import BlockCodec
-from ._config import DEFAULT_TIER, TIER_KINDS, TIER_SECRET_ENV, TierConfig, TierConfigError, kv_role
+from ._config import (
+    DEFAULT_TIER,
+    TIER_KINDS,
+    TIER_SECRET_ENV,
+    TIER_STORES,
+    TierConfig,
+    TierConfigError,
+    kv_role,
+)
 from ._guard import GuardedTier
 from ._index import KeyIndex
 from ._keys import Shard, block_key, checksum, mac, shard_key
@@ -27,6 +35,7 @@ __all__ = [
     "EXPLORE_SHARE",
     "TIER_KINDS",
     "TIER_SECRET_ENV",
+    "TIER_STORES",
     "BlockCodec",
     "BlockProgress",
     "GuardedTier",

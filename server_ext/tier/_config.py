@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_TIER",
     "TIER_KINDS",
     "TIER_SECRET_ENV",
+    "TIER_STORES",
     "TierConfig",
     "TierConfigError",
     "kv_role",
@@ -22,6 +23,12 @@ TIER_SECRET_ENV = "AGENT_HINTS_TIER_SECRET"
 
 TIER_KINDS = ("host", "mooncake", "none")
 """Values of the ``tier`` key (``none``: device memory only)."""
+
+TIER_STORES = ("computed", "evicted")
+"""Values of the ``tier_store`` key: when the host tier (vLLM's offloading)
+stores a block. ``computed``: vLLM's write-through, every block as it is
+computed; ``evicted``: the blocks the device is about to evict, so that device
+and tier hold different blocks (``server_ext.offload._victims``)."""
 
 DEFAULT_TIER = "host"
 """A host-memory tier unless told otherwise: retention on the device only
@@ -62,6 +69,7 @@ class TierConfig:
         wait on the store; loads past it are recomputed, saves past it skipped.
     trial: Mooncake: save only while the store's loads pay for its step time
         (``TierPayoff``); False: always save.
+    store: host: when vLLM's offloading stores a block (``TIER_STORES``).
     """
 
     kind: Literal["host", "mooncake"]
@@ -72,12 +80,14 @@ class TierConfig:
     tenant_fraction: float = 0.5
     step_budget_s: float = 0.25
     trial: bool = True
+    store: Literal["computed", "evicted"] = "computed"
 
     @classmethod
     def from_mapping(cls, extra: Mapping[str, object] | None) -> TierConfig | None:
         """The tier settings in ``extra`` (keys ``tier``, ``tier_bytes``,
         ``mooncake_master``, ``mooncake_segment_bytes``, ``tier_timeout_s``,
-        ``tier_tenant_fraction``, ``tier_step_budget_s``, ``tier_trial``; ``tier`` defaults to
+        ``tier_tenant_fraction``, ``tier_step_budget_s``, ``tier_trial``, ``tier_store``;
+        ``tier`` defaults to
         ``DEFAULT_TIER``), or None for ``"tier": "none"``."""
         extra = extra or {}
         kind = extra.get("tier", DEFAULT_TIER)
@@ -85,6 +95,9 @@ class TierConfig:
             raise _invalid("tier", kind, " or ".join(repr(k) for k in TIER_KINDS))
         if kind == "none":
             return None
+        store = extra.get("tier_store", TIER_STORES[0])
+        if store not in TIER_STORES:
+            raise _invalid("tier_store", store, " or ".join(repr(s) for s in TIER_STORES))
         master = extra.get("mooncake_master", "127.0.0.1:50051")
         if not isinstance(master, str) or ":" not in master:
             raise _invalid("mooncake_master", master, "'host:port'")
@@ -97,6 +110,7 @@ class TierConfig:
             tenant_fraction=_fraction(extra, "tier_tenant_fraction", 0.5),
             step_budget_s=float(_number(extra, "tier_step_budget_s", 0.25)),
             trial=_flag(extra, "tier_trial", True),
+            store="evicted" if store == "evicted" else "computed",
         )
 
     def secret(self) -> bytes | None:
