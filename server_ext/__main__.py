@@ -14,7 +14,7 @@ from typing import Any
 
 from ._config import RETENTION_MODES, ExtensionConfig, ExtensionConfigError, flag
 from ._launcher import VllmArgsError, byte_size, extension_env, vllm_command
-from .tier import DEFAULT_TIER, TIER_KINDS, TierConfigError
+from .tier import DEFAULT_TIER, TIER_KINDS, TIER_STORES, TierConfigError
 
 _TYPO_CUTOFF = 0.8
 """How alike (difflib's ratio) an unknown flag must be to one of the extension's
@@ -65,6 +65,13 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         type=byte_size,
         help="host tier budget, all workers together: bytes, or 8GiB, 512MiB, 8G (as vLLM "
         "reads sizes), 1e9 (default: 1GiB)",
+    )
+    serve.add_argument(
+        "--tier-store",
+        choices=TIER_STORES,
+        help=f"when the host tier stores a block (default: {TIER_STORES[0]}: as computed, "
+        "vLLM's write-through; evicted: when the device evicts it, so that device and tier "
+        "hold different blocks)",
     )
     serve.add_argument("--print-command", action="store_true", help="print the argv and exit")
     make = commands.add_parser("make-test-model", help="write the tiny test checkpoint")

@@ -21,7 +21,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-from server_ext.offload._victims import VICTIM_REQ_ID, EvictionStores
+from server_ext.offload._victims import VICTIM_REQ_ID, EvictionStores, eviction_stores_unsupported
 
 CTX = ReqContext(req_id="test")
 
@@ -150,3 +150,31 @@ def test_a_job_completes_when_every_worker_has_copied() -> None:
     assert side.manager.lookup(_key(block), CTX) is LookupResult.HIT_PENDING
     _complete(stores, meta)
     assert side.manager.lookup(_key(block), CTX) is LookupResult.HIT
+
+
+def _layout(**changes: object) -> Any:
+    group = dict(
+        group_idx=0,
+        hashes_per_chunk=1,
+        sliding_window_size_in_chunks=None,
+        is_eagle_group=False,
+        requires_cow_source=False,
+    )
+    config = dict(blocks_per_chunk=1, dcp_world_size=1)
+    for name, value in changes.items():
+        (group if name in group else config)[name] = value
+    return SimpleNamespace(
+        config=SimpleNamespace(kv_group_configs=(SimpleNamespace(**group),), **config)
+    )
+
+
+def test_stores_at_eviction_need_one_chunk_per_device_block() -> None:
+    assert eviction_stores_unsupported(_layout()) is None
+    for change in (
+        {"blocks_per_chunk": 2},  # a chunk spans blocks another request may still hold
+        {"hashes_per_chunk": 2},
+        {"sliding_window_size_in_chunks": 4},
+        {"is_eagle_group": True},
+        {"dcp_world_size": 2},
+    ):
+        assert eviction_stores_unsupported(_layout(**change)) is not None, change

@@ -132,6 +132,17 @@ def test_vllms_own_parser_takes_the_launch(capsys: pytest.CaptureFixture[str]) -
     assert parsed.kv_transfer_config.kv_connector == MULTI_CONNECTOR
 
 
+def test_tier_store_reaches_vllms_offloading(capsys: pytest.CaptureFixture[str]) -> None:
+    default = _entry(_transfer(_printed(capsys)), HOST_OFFLOADING_CONNECTOR)
+    assert "store" not in default["kv_connector_extra_config"]  # vLLM's write-through
+    config = _transfer(_printed(capsys, "--tier-store", "evicted"))
+    offloading = _entry(config, HOST_OFFLOADING_CONNECTOR)["kv_connector_extra_config"]
+    assert offloading["store"] == "evicted"
+    with pytest.raises(SystemExit):
+        serve_main(["serve", "m", "--tier-store", "later", "--print-command"])
+    assert "invalid choice: 'later'" in capsys.readouterr().err
+
+
 # -- the operator's --kv-transfer-config is merged
 
 
