@@ -21,6 +21,8 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock, make_block_hash_with_group
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
+from hints_spec import AgentHints
+from server_ext._contract import hint_params
 from server_ext.offload._victims import VICTIM_REQ_ID, EvictionStores, eviction_stores_unsupported
 
 CTX = ReqContext(req_id="test")
@@ -38,11 +40,13 @@ class Pool:
         return block.block_hash is not None
 
 
-def _side(capacity: int) -> Any:
+def _side(capacity: int, policy: str = "lru") -> Any:
     """vLLM's offloading scheduler side, as far as stores at eviction use it."""
     counter = itertools.count()
+    path = None if policy == "lru" else "server_ext.offload"
     return SimpleNamespace(
-        manager=CPUOffloadingManager(capacity),
+        manager=CPUOffloadingManager(capacity, cache_policy=policy, cache_policy_module_path=path),
+        _req_status={},
         config=SimpleNamespace(num_workers=1),
         _jobs={},
         _stale_job_threshold=0,
@@ -62,8 +66,8 @@ def _key(block: KVCacheBlock) -> OffloadKey:
     return OffloadKey(bytes(block.block_hash))
 
 
-def _setup(capacity: int = 8) -> tuple[EvictionStores, Pool, Any]:
-    side, pool = _side(capacity), Pool()
+def _setup(capacity: int = 8, policy: str = "lru") -> tuple[EvictionStores, Pool, Any]:
+    side, pool = _side(capacity, policy), Pool()
     stores = EvictionStores(side)
     stores.bind(pool)  # type: ignore[arg-type]
     return stores, pool, side
@@ -178,3 +182,32 @@ def test_stores_at_eviction_need_one_chunk_per_device_block() -> None:
         {"dcp_world_size": 2},
     ):
         assert eviction_stores_unsupported(_layout(**change)) is not None, change
+
+
+def _finished(
+    side: Any, stores: EvictionStores, blocks: list[KVCacheBlock], **hints: object
+) -> None:
+    """A hinted request that held ``blocks`` (head first) finished."""
+    context = ReqContext(req_id="r", kv_transfer_params=hint_params("t", AgentHints(**hints)))  # type: ignore[arg-type]
+    ids = [b.block_id for b in blocks]
+    side._req_status["r"] = SimpleNamespace(
+        req_context=context, group_states=(SimpleNamespace(block_ids=ids),)
+    )
+    stores.finishing(["r"])
+    del side._req_status["r"]
+
+
+def test_victims_are_stored_under_their_last_requests_hints() -> None:
+    """An ended branch's evicted blocks reach the tier as that branch's, so
+    the hints' policy lets them go first, as it would its own stores."""
+    stores, pool, side = _setup(policy="AgentHintsCachePolicy")
+    ended, live = [_block(i) for i in range(1, 4)], [_block(i) for i in range(4, 6)]
+    _finished(side, stores, ended, sid="s", br="sub", end=True)
+    for block in reversed(ended + live):  # vLLM frees and evicts a chain tail first
+        pool._maybe_evict_cached_block(block)
+    _complete(stores, _step(stores))
+    policy = side.manager._policy
+    assert policy.counters.released_chunks == len(ended)
+    assert list(policy._released) == [_key(b) for b in reversed(ended)]  # tail goes first
+    # The unowned victims rank as evicted: the chain's head most recent.
+    assert list(policy._live) == [_key(b) for b in reversed(live)]

@@ -150,6 +150,8 @@ class HostOffloadingConnector(OffloadingConnector):
         super().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        if self._evictions is not None:
+            self._evictions.finishing(scheduler_output.finished_req_ids or ())
         meta = self._build_meta(scheduler_output)
         if self._evictions is not None:
             assert isinstance(meta, OffloadingConnectorMetadata)

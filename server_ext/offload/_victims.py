@@ -29,7 +29,7 @@ computed.
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,15 +59,14 @@ STORE_MODES = TIER_STORES
 """``computed``: vLLM's write-through (every block as computed); ``evicted``:
 the blocks the device is about to evict (module doc)."""
 
-logger = logging.getLogger(__name__)
-
 VICTIM_REQ_ID = "agent-hints-evicted"
 """The request id of the victims' store jobs (they belong to no request)."""
 
-TOUCH_POINTS = {"_jobs", "_stale_job_threshold", "_job_counter"}
+TOUCH_POINTS = {"_jobs", "_stale_job_threshold", "_job_counter", "_req_status"}
 """vLLM's offloading scheduler-side attributes that stores at eviction use
-(vLLM 0.32-0.33): its job table and its job ids (and ``BlockPool.
-_maybe_evict_cached_block``, through which every eviction passes)."""
+(vLLM 0.32-0.33): its job table, its job ids and its requests' states (their
+``req_context`` and ``group_states[0].block_ids``), and ``BlockPool.
+_maybe_evict_cached_block``, through which every eviction passes."""
 
 
 def eviction_stores_unsupported(side: OffloadingConnectorScheduler) -> str | None:
@@ -96,19 +95,28 @@ def eviction_stores_unsupported(side: OffloadingConnectorScheduler) -> str | Non
 
 @dataclass(slots=True)
 class _Victims:
-    """One store job of victims: its keys and the device blocks it reads."""
+    """One store job of victims: its keys, and the context the tier's policy
+    sees them under (their last request's hints, or none)."""
 
     keys: list[OffloadKey]
-    block_ids: list[int]
+    context: ReqContext
+    owned: bool
 
 
 class EvictionStores:
     """Scheduler side of stores at eviction (module doc), over vLLM's
-    offloading scheduler ``side`` and the engine's block pool."""
+    offloading scheduler ``side`` and the engine's block pool.
+
+    A victim is stored under the hints of the last request that held its
+    block (vLLM's ``ReqContext`` of that request, seen when it finished), so
+    the tier's cache policy knows whose it is: an ended branch's victims
+    leave the tier first, as its own blocks would.
+    """
 
     def __init__(self, side: OffloadingConnectorScheduler) -> None:
         self._side = side
         self._evicted: dict[OffloadKey, int] = {}
+        self._owners: dict[int, ReqContext] = {}  # device block -> its last request
         self._jobs: dict[int, _Victims] = {}
         self.stored_blocks = 0
 
@@ -126,20 +134,53 @@ class EvictionStores:
 
         pool._maybe_evict_cached_block = evicting  # type: ignore[method-assign]
 
+    def finishing(self, finished_req_ids: Iterable[str]) -> None:
+        """Requests that finished (before vLLM's scheduler side forgets
+        them): their blocks now belong to them until reused or evicted."""
+        statuses = self._side._req_status
+        for req_id in finished_req_ids:
+            status = statuses.get(req_id)
+            if status is None:
+                continue
+            for block_id in status.group_states[0].block_ids:
+                if block_id:
+                    self._owners[block_id] = status.req_context
+
     def build(self, meta: OffloadingConnectorMetadata) -> None:
-        """Store what this step's allocations evicted and the tier lacks, in
-        one job that the worker completes before the step's forward pass
-        overwrites the blocks (``jobs_to_flush``)."""
+        """Store what this step's allocations evicted and the tier lacks, one
+        job per last owner, that the worker completes before the step's
+        forward pass overwrites the blocks (``jobs_to_flush``)."""
         evicted, self._evicted = self._evicted, {}
         side = self._side
-        keys = [k for k in evicted if side.manager.lookup(k, _CONTEXT) is LookupResult.MISS]
-        if not keys:
-            return
-        output = side.manager.prepare_store(keys, ReqContext(req_id=VICTIM_REQ_ID))
+        groups: dict[int, tuple[ReqContext | None, dict[OffloadKey, int]]] = {}
+        for key, block_id in evicted.items():
+            owner = self._owners.pop(block_id, None)
+            if side.manager.lookup(key, _CONTEXT) is LookupResult.MISS:
+                groups.setdefault(id(owner), (owner, {}))[1][key] = block_id
+        for owner, blocks in groups.values():
+            self._store(meta, owner, blocks)
+
+    def _store(
+        self,
+        meta: OffloadingConnectorMetadata,
+        owner: ReqContext | None,
+        blocks: dict[OffloadKey, int],
+    ) -> None:
+        side = self._side
+        # vLLM evicts a chain tail first; the tier ranks a chain's head most
+        # recent (a chain is useless without it). Inserts rank in order, an
+        # owner's access (at completion) in reverse: order the keys for the
+        # last of the two.
+        keys = list(blocks) if owner is None else list(reversed(blocks))
+        context = ReqContext(req_id=VICTIM_REQ_ID)
+        if owner is not None:
+            context.kv_transfer_params = owner.kv_transfer_params
+            context.kv_hints = owner.kv_hints
+        output = side.manager.prepare_store(keys, context)
         if output is None or not output.keys_to_store:
             return  # the tier has no room it may evict: these blocks are lost
         keys = list(output.keys_to_store)
-        ids = [evicted[k] for k in keys]
+        ids = [blocks[k] for k in keys]
         job_id = side._generate_job_id()
         side._jobs[job_id] = TransferJobStatus(
             req_id=VICTIM_REQ_ID,
@@ -147,7 +188,7 @@ class EvictionStores:
             keys=set(keys),
             is_store=True,
         )
-        self._jobs[job_id] = _Victims(keys, ids)
+        self._jobs[job_id] = _Victims(keys, context, owned=owner is not None)
         self.stored_blocks += len(keys)
         src = GPULoadStoreSpec(ids, group_sizes=[len(ids)], block_indices=[0])
         meta.store_jobs[job_id] = TransferJob(
@@ -170,7 +211,10 @@ class EvictionStores:
             status.pending_count -= count
             if status.pending_count > 0:
                 continue
-            side.manager.complete_store(self._jobs.pop(job_id).keys, _CONTEXT)
+            victims = self._jobs.pop(job_id)
+            side.manager.complete_store(victims.keys, victims.context)
+            if victims.owned:  # the policy sees its owner's hints
+                side.manager.on_request_finished(victims.context)
             del side._jobs[job_id]
 
 
