@@ -11,31 +11,28 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from hints_spec import ROOT_BRANCH
 
 from ._contract import ControlMessage, HintedParams
+from ._holds import BlockPort, HeldBlocks
+from ._requests import UNKNOWN_PROGRESS, InFlight, Progress, RequestTable
 from .policy import (
     Action,
     AdmissionTrial,
     BranchHints,
     BranchKey,
     EndEvent,
-    Hold,
     Outcome,
     PolicyStats,
-    Release,
-    ReleaseReason,
     RetentionPolicy,
     ToolStartEvent,
     WarmFirstGate,
 )
 
-__all__ = ["BlockPort", "EngineRetention", "Progress"]
+__all__ = ["EngineRetention"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,89 +70,13 @@ def _contained(fallback: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     return wrap
 
 
-class BlockPort(Protocol):
-    """The block-pool operations retention needs.
-
-    ``hold`` protects each block (a held block is not evicted while the hold
-    lasts, unless the pool asks the retention for room); ``release`` ends
-    one protection, tail first, so the prefix stays cached longest; with
-    ``evict_first`` (an ended branch) its blocks are the first a later
-    allocation evicts, else they keep their place in LRU order;
-    ``free_blocks`` counts blocks an allocation may take without touching a
-    held or running one (cached but unreferenced blocks included).
-    ``releases_for_room``: an allocation short of free blocks asks the
-    retention to release some (``EngineRetention.make_room``, in its victim
-    order); else it takes protected blocks in the pool's own order.
-    """
-
-    releases_for_room: bool
-
-    def hold(self, block_ids: Sequence[int]) -> None: ...
-
-    def release(self, block_ids: Sequence[int], evict_first: bool = False) -> None: ...
-
-    def free_blocks(self) -> int: ...
-
-
-class Progress(Protocol):
-    """How far a request's prefill has come (vLLM's ``Request`` is one)."""
-
-    @property
-    def num_computed_tokens(self) -> int: ...
-
-    @property
-    def num_prompt_tokens(self) -> int: ...
-
-
-class _Unknown:
-    """The progress of a request registered without one: its prefill never
-    counts as done, so warm-ups wait until it finishes."""
-
-    num_computed_tokens = 0
-    num_prompt_tokens = 1
-
-
-_UNKNOWN = _Unknown()
-
-
-@dataclass(slots=True)
-class _InFlight:
-    """One request from arrival to finish (control messages are not tracked).
-
-    ``key`` and ``hints`` are set for a request with a usable hint;
-    ``warmup`` marks the prefetcher's own (not real work, not the branch's
-    return); ``obsolete``, a warm-up whose branch ended or came back (it
-    retains nothing); ``running``, admitted by the scheduler. A real request
-    arrived at ``arrived_at`` on the ``gated`` or open side of the admission
-    trial (``AdmissionTrial``) until its prefill is done (``prefilled``).
-    """
-
-    progress: Progress
-    arrived_at: float = 0.0
-    gated: bool = False
-    prefilled: bool = False
-    key: BranchKey | None = None
-    hints: BranchHints | None = None
-    warmup: bool = False
-    obsolete: bool = False
-    running: bool = False
-
-    @property
-    def prefilling(self) -> bool:
-        return self.progress.num_computed_tokens < self.progress.num_prompt_tokens
-
-
 class EngineRetention:
     """Applies a ``RetentionPolicy`` to a block pool, one engine event at a time.
 
-    Invariant: every block reference this object takes with ``pool.hold`` is
-    given back with ``pool.release`` exactly once: after the policy's matching
-    ``Release``, or at ``recover``. The policy guarantees the pairing, and this
-    object checks it against its own count of references: a batch of actions
-    that would release one it does not hold is a policy fault, refused before
-    the pool is touched. Within one batch all holds are applied before any
-    release, so a block shared by a replaced retention and its replacement never
-    drops to refcount 0 in between.
+    Every block reference it takes is given back exactly once (``HeldBlocks``):
+    after the policy's matching ``Release``, or at ``recover``. It keeps the
+    requests in flight in ``requests`` (``RequestTable``: the connector's own,
+    shared, or a table of its own), registered by ``request_added``.
 
     A prefetch warm-up (``PREFETCH_KEY``) is not its branch's return: it
     neither ends the retention nor teaches the estimator a gap, and when it
@@ -170,17 +91,13 @@ class EngineRetention:
         pool: BlockPort,
         gate: WarmFirstGate | None = None,
         clock: Callable[[], float] = time.monotonic,
+        requests: RequestTable | None = None,
     ) -> None:
         self.policy = policy
         self._pool = pool
         self._gate = gate
         self._clock = clock
-        # Every request from arrival to finish, and how many of them are real
-        # (not warm-ups) and, of those, running; and how many are warm-ups.
-        self._requests: dict[str, _InFlight] = {}
-        self._real = 0
-        self._real_running = 0
-        self._warmups = 0
+        self.requests = requests if requests is not None else RequestTable()
         # Whether running warm-ups sit out the next engine step: vLLM schedules
         # running requests before waiting ones, so a warm-up's next prefill
         # chunk would take the step's token budget ahead of a real request.
@@ -191,8 +108,7 @@ class EngineRetention:
         # the blocks a paused warm-up holds.
         self.warmups_yield = False
         self.faults = 0
-        # Block references taken with ``pool.hold`` and not yet released.
-        self._held: Counter[int] = Counter()
+        self._holds = HeldBlocks(pool)
 
     @property
     def stats(self) -> PolicyStats:
@@ -214,16 +130,21 @@ class EngineRetention:
         request_id: str,
         read: HintedParams | None,
         prompt_blocks: int = 0,
-        progress: Progress = _UNKNOWN,
+        progress: Progress = UNKNOWN_PROGRESS,
     ) -> bool:
         """Register a request (not a control message) of ``prompt_blocks``
         full blocks whose prefill advances in ``progress`` (``read``: its hint,
-        ``read_params``); False when it carries no usable hint (warm-ups still
-        give way to its prefill)."""
+        ``read_params``), in the record its arrival left on ``requests`` if
+        any; False when it carries no usable hint (warm-ups still give way to
+        its prefill)."""
         now = self._clock()
-        entry = self._requests[request_id] = _InFlight(progress, arrived_at=now)
-        if read is None or not read.prefetch:
-            self._real += 1
+        entry = self.requests.get(request_id)
+        if entry is None or entry.real or entry.warmup:
+            entry = self.requests.add(request_id, progress)
+        entry.arrived_at = now
+        warmup = read is not None and read.prefetch
+        self.requests.counted(entry, warmup)
+        if not warmup:
             self.warmups_yield = True
             entry.gated = self._gate is not None and self._gate.trial.assign()
         if read is None:
@@ -234,10 +155,7 @@ class EngineRetention:
         entry.hints = BranchHints(
             gap=hints.gap, ttl=hints.ttl, end=hints.end, prio=hints.prio, pbr=hints.pbr
         )
-        if read.prefetch:
-            entry.warmup = True
-            self._warmups += 1
-        else:
+        if not warmup:
             self.policy.on_request_arrived(key)
             if self._gate is not None:
                 held = self.policy.retention(key)
@@ -266,7 +184,7 @@ class EngineRetention:
         left in the queue unable to allocate would hold up every real request
         behind it.)
         """
-        entry = self._requests.get(request_id)
+        entry = self.requests.get(request_id)
         if entry is None or entry.key is None:
             return False
         key = entry.key
@@ -277,16 +195,15 @@ class EngineRetention:
             return False
 
         def return_due(within_s: float) -> bool:
-            return self._real_running > 0 and self.policy.return_due(now, within_s, key)
+            return self.requests.real_running > 0 and self.policy.return_due(now, within_s, key)
 
         return self._gate.defer(request_id, uncached_blocks, now, return_due)
 
     def _warmup_waits(
-        self, warmup: _InFlight, key: BranchKey, uncached_blocks: int, now: float
+        self, warmup: InFlight, key: BranchKey, uncached_blocks: int, now: float
     ) -> bool:
-        if self._real and (
-            not self.policy.warmups_take_room
-            or any(r.prefilling for r in self._requests.values() if not r.warmup)
+        if self.requests.real and (
+            not self.policy.warmups_take_room or self.requests.real_prefilling()
         ):
             return True
         short = uncached_blocks - self._pool.free_blocks()
@@ -297,7 +214,7 @@ class EngineRetention:
         due = self._warmup_due(warmup, key, now)
         return due is None or short > self.policy.releasable_for(due, now, key, short + 1)
 
-    def _warmup_due(self, warmup: _InFlight, key: BranchKey, now: float) -> float | None:
+    def _warmup_due(self, warmup: InFlight, key: BranchKey, now: float) -> float | None:
         """When a warm-up's branch is expected back; None when the warm-up may
         use free blocks but take none from a retention: it is obsolete, its
         branch ended or already came back, or recent warm-ups were mostly
@@ -312,13 +229,12 @@ class EngineRetention:
         (a warm-up of it still running is obsolete: it is not retained)."""
         if self._gate is not None:
             self._gate.left(request_id)
-        entry = self._requests.get(request_id)
-        if entry is None or entry.running:
+        entry = self.requests.get(request_id)
+        if entry is None or entry.running or not (entry.real or entry.warmup):
             return
-        entry.running = True
+        self.requests.started(entry)
         if entry.warmup:
             return
-        self._real_running += 1
         if entry.key is not None:
             self._obsolete_warmups(entry.key, session=False)
             self._apply(self.policy.on_request_started(entry.key))
@@ -328,14 +244,9 @@ class EngineRetention:
         """Before vLLM frees the request's blocks: retain them per the hints."""
         if self._gate is not None:
             self._gate.left(request_id)
-        entry = self._requests.pop(request_id, None)
+        entry = self.requests.pop(request_id)
         if entry is None:
             return
-        if entry.warmup:
-            self._warmups -= 1
-        else:
-            self._real -= 1
-            self._real_running -= entry.running
         key, hints = entry.key, entry.hints
         if key is None or hints is None or entry.obsolete:
             return
@@ -377,9 +288,9 @@ class EngineRetention:
         (first: a fault in the policy must not leave them paused; without
         warm-ups in flight, no scan of the step), record the first tokens for
         the gate's trial, and release expired retentions."""
-        self.warmups_yield = self._warmups > 0 and any(
-            (r := self._requests.get(request_id)) is not None
-            and not r.warmup
+        self.warmups_yield = self.requests.warmups > 0 and any(
+            (r := self.requests.get(request_id)) is not None
+            and r.real
             and r.progress.num_computed_tokens + tokens < r.progress.num_prompt_tokens
             for request_id, tokens in scheduled.items()
         )
@@ -392,22 +303,12 @@ class EngineRetention:
         waited for its first token, for the admission trial."""
         assert self._gate is not None
         for request_id, tokens in scheduled.items():
-            r = self._requests.get(request_id)
-            if r is None or r.warmup or r.prefilled:
+            r = self.requests.get(request_id)
+            if r is None or not r.real or r.prefilled:
                 continue
             if r.progress.num_computed_tokens + tokens >= r.progress.num_prompt_tokens:
                 r.prefilled = True
                 self._gate.trial.record(r.gated, now - r.arrived_at)
-
-    def is_warmup(self, request_id: str) -> bool:
-        """Whether ``request_id`` is a prefetch warm-up this engine tracks."""
-        entry = self._requests.get(request_id)
-        return entry is not None and entry.warmup
-
-    def is_hinted(self, request_id: str) -> bool:
-        """Whether ``request_id`` carries a usable hint (a branch of a session)."""
-        entry = self._requests.get(request_id)
-        return entry is not None and entry.key is not None
 
     @_contained(False)
     def make_room(self, blocks_needed: int, request_id: str | None = None) -> bool:
@@ -418,7 +319,7 @@ class EngineRetention:
         prefetch never costs a branch that returns sooner its prefix, and one
         whose branch is not expected (ended, or already back) takes none.
         """
-        entry = self._requests.get(request_id) if request_id is not None else None
+        entry = self.requests.get(request_id) if request_id is not None else None
         if entry is None or entry.key is None:
             actions = self.policy.make_room(max(blocks_needed, 1))
         else:
@@ -441,47 +342,19 @@ class EngineRetention:
         """Mark the warm-ups of ``key`` in flight (of its whole session if
         ``session``) obsolete: they still give way while queued, but retain
         nothing when they finish."""
-        if not self._warmups:
-            return
-        for entry in self._requests.values():
+        for _, entry in self.requests.warmups_in_flight():
             k = entry.key
-            if (
-                entry.warmup
-                and k is not None
-                and (k == key or (session and k.sibling(ROOT_BRANCH) == key))
-            ):
+            if k is not None and (k == key or (session and k.sibling(ROOT_BRANCH) == key)):
                 entry.obsolete = True
 
     def recover(self) -> None:
         """Drop every retention after a fault: the policy forgets them all, and
-        the pool gets back each reference this object took (from its own count,
-        not from the policy's state, which the fault may have left half-updated).
+        the pool gets back each reference this object took (``HeldBlocks``).
         Learned gaps and counters survive."""
-        held, self._held = self._held, Counter()
         try:
             self.policy.forget_all()
         finally:
-            if held:
-                self._pool.release(list(held.elements()))
+            self._holds.release_everything()
 
     def _apply(self, actions: list[Action]) -> None:
-        holds = [a.block_ids for a in actions if isinstance(a, Hold)]
-        releases = [a for a in actions if isinstance(a, Release)]
-        if releases:
-            released = Counter(b for a in releases for b in a.block_ids)
-            taken = Counter(b for ids in holds for b in ids)
-            if any(self._held[b] + taken[b] < n for b, n in released.items()):
-                raise RuntimeError("the policy released a block reference it never held")
-        for block_ids in holds:
-            self._pool.hold(block_ids)
-            self._held.update(block_ids)
-        for release in releases:
-            block_ids = release.block_ids
-            # An ended branch's blocks go first (those no later request reused:
-            # the port knows); any other's keep their place.
-            self._pool.release(block_ids, evict_first=release.reason is ReleaseReason.END)
-            for b in block_ids:
-                if self._held[b] == 1:
-                    del self._held[b]
-                else:
-                    self._held[b] -= 1
+        self._holds.apply(actions)

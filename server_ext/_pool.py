@@ -7,7 +7,7 @@ Every touch point of vLLM's ``BlockPool`` is here (``blocks``,
 ``get_num_free_blocks``, ``KVCacheBlock.ref_cnt`` / ``block_hash`` /
 ``is_null``, ``kv_cache_utils.get_block_hash``); the connector picks a port and
 the engine-side retention (``_engine.EngineRetention``) drives it through the
-``BlockPort`` interface.
+``BlockPort`` interface (``_holds``).
 
 - ``ShelfPort`` (the default) keeps a retained branch's blocks *free*, in
   their place in vLLM's LRU free queue; an allocation that reaches one sets it
@@ -122,6 +122,8 @@ class ShelfPort:
     last allocated; ``_admitting`` is the request the scheduler considered
     last (``admit``), until it allocates it (``admitted``): vLLM allocates a
     request right after asking the connector about it, or passes over it.
+    (One slot, not a field of the request's record: it is the allocation in
+    progress, with the block hashes it would evict, which only the port reads.)
     """
 
     releases_for_room = False

@@ -23,7 +23,8 @@ What it touches of vLLM:
 - ``Request.block_hashes`` / ``num_tokens`` / ``num_computed_tokens`` /
   ``num_prompt_tokens`` (a request still prefills: warm-ups wait),
   ``Request.next_decode_eligible_step`` (the scheduler passes over a running
-  request until that step: a warm-up yields a step to real requests),
+  request until that step: a warm-up yields a step to real requests,
+  ``connector.warmups``),
   ``Request.kv_hints`` (SPEC 5.2's envelope), ``KVCacheManager.get_block_ids``
   and ``SchedulerOutput.num_scheduled_tokens``;
 - the ``BlockPool`` through ``server_ext._pool`` (retention by eviction order,

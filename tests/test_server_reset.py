@@ -19,8 +19,9 @@ from vllm_scheduler import request, scheduler, step
 from hints_spec import AgentHints
 from server_ext._contract import hint_params
 from server_ext.connector import AgentHintsConnector, AgentHintsMetadata
-from server_ext.connector import scheduler as connector_scheduler
+from server_ext.connector import tier as connector_tier
 from server_ext.connector.scheduler import ConnectorScheduler
+from server_ext.connector.tier import SchedulerTier
 from server_ext.tier import TIER_SECRET_ENV, Shard, TierConfig, shard_key
 
 HINTED = hint_params("tenant", AgentHints(sid="s", gap=30.0))
@@ -34,6 +35,12 @@ def _connector(s: Scheduler) -> AgentHintsConnector:
 def _side(connector: AgentHintsConnector) -> ConnectorScheduler:
     assert connector._scheduler is not None
     return connector._scheduler
+
+
+def _tier(connector: AgentHintsConnector) -> SchedulerTier:
+    tier = _side(connector).tier
+    assert tier is not None
+    return tier
 
 
 def _serve(s: Scheduler, name: str) -> None:
@@ -85,7 +92,7 @@ def test_a_reset_makes_the_mooncake_tier_forget_the_old_kv(
         return store
 
     monkeypatch.setenv(TIER_SECRET_ENV, "test")
-    monkeypatch.setattr(connector_scheduler, "shared_store_probe", probe)
+    monkeypatch.setattr(connector_tier, "shared_store_probe", probe)
     s = scheduler(test_model_dir, {"tier": "mooncake"})
     connector = _connector(s)
     saved: list[str] = []
@@ -102,8 +109,7 @@ def test_a_reset_makes_the_mooncake_tier_forget_the_old_kv(
     old = set(saved)
     assert len(old) >= 2
     store.held.update(shard_key(key, Shard()) for key in old)  # the workers stored them
-    planner = _side(connector).planner
-    assert planner is not None
+    planner = _tier(connector).planner
 
     # Device cache emptied, the tier kept: the same prompt loads from the tier.
     assert s.reset_prefix_cache() is True
@@ -114,8 +120,7 @@ def test_a_reset_makes_the_mooncake_tier_forget_the_old_kv(
     assert s.reset_prefix_cache(reset_connector=True) is True
     store.asked.clear()
     _serve(s, "c")
-    after = _side(connector).planner
-    assert after is not None
+    after = _tier(connector).planner
     assert after.counters.hits == hits  # nothing loaded; the counters carried over
     # The store was asked for c's blocks under new keys, and they were saved
     # under those: none of the old KV's.

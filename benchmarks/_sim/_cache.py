@@ -140,7 +140,7 @@ class DevicePool:
         del self._ref[key]
         self.evictions += 1
 
-    # -- BlockPort (``server_ext._engine``): retention's holds
+    # -- BlockPort (``server_ext._holds``): retention's holds
 
     def hold(self, block_ids: Sequence[int]) -> None:
         held = self._held
@@ -165,7 +165,7 @@ class DevicePool:
 
 
 class PoolPort:
-    """``server_ext._engine.BlockPort`` over a ``DevicePool``."""
+    """``server_ext._holds.BlockPort`` over a ``DevicePool``."""
 
     releases_for_room = False
 

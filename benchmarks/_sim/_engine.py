@@ -69,7 +69,7 @@ class Request:
     """Free blocks when it last could not get its blocks."""
 
     @property
-    def num_computed_tokens(self) -> int:  # server_ext._engine.Progress
+    def num_computed_tokens(self) -> int:  # server_ext._requests.Progress
         return self.computed
 
     @property

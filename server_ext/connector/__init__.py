@@ -3,7 +3,8 @@
 
 ``connector`` is the thin class vLLM instantiates per role; ``scheduler`` and
 ``worker`` hold each role's work, ``allocation`` the wrapped KV cache manager,
-``tier`` the tier wiring, ``metadata`` and ``metrics`` what the roles exchange
+``warmups`` the pacing and preemption of prefetch warm-ups, ``tier`` the tier
+wiring and the scheduler's side of it, ``metadata`` and ``metrics`` what the roles exchange
 and export. Every vLLM import goes through ``server_ext._vllm``.
 """
 

@@ -5,7 +5,7 @@ An allocation first raises vLLM's admission watermark by the headroom the
 running requests need (``server_ext._headroom``); one short of blocks gets
 retained blocks given back (``EngineRetention.make_room``) before the
 scheduler preempts; and when it still fails, vLLM preempts a warm-up rather
-than a real request (``WarmupsGoFirst``).
+than a real request (``warmups.WarmupsGoFirst``).
 
 vLLM hands a connector no reference to its scheduler (0.32 and 0.33 alike),
 whose ``running`` list is what it preempts from: ``binding_scheduler`` finds
@@ -22,18 +22,16 @@ from typing import TYPE_CHECKING, Any
 from .._engine import EngineRetention
 from .._headroom import Headroom
 from .._pool import allocate_after_room
-from .._vllm import RequestStatus, SchedulingPolicy
+from .._vllm import RequestStatus
+from .warmups import WarmupsGoFirst
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.request import Request
 
-__all__ = ["PAUSED", "WarmupsGoFirst", "binding_scheduler", "wrap_allocations"]
+__all__ = ["binding_scheduler", "wrap_allocations"]
 
 logger = logging.getLogger(__name__)
-
-PAUSED = 1 << 62
-"""Added to a warm-up's ``next_decode_eligible_step`` while it yields."""
 
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 """A request in these states is being admitted (vLLM's watermark states)."""
@@ -62,59 +60,6 @@ def binding_scheduler(manager: KVCacheManager) -> Any | None:
             return owner
     logger.warning("agent-hints: no scheduler bound the KV cache; warm-ups may be preempted last")
     return None
-
-
-class WarmupsGoFirst:
-    """Makes vLLM preempt a warm-up, never a real request, to free blocks.
-
-    When a running request's allocation fails, vLLM's FCFS scheduler preempts
-    the last entry of ``running``: often a real request admitted after a
-    warm-up that keeps its blocks. ``short`` runs on such a failure, before
-    vLLM picks: a warm-up that may be preempted this step (the failing one
-    itself; one behind a failing real request, not yet scheduled; or one
-    ahead of it that sits the step out) is swapped into the last place, which
-    vLLM takes. Otherwise, while a warm-up ahead of the real request runs this
-    step (its blocks come free when its prefill ends), ``passing`` has vLLM
-    pass over the request for the step (``has_pending_block_frees``) instead
-    of preempting. A swap only moves entries vLLM visits later or not at all
-    this step, never one it scheduled. With the priority policy (vLLM picks by
-    priority) only ``passing`` applies.
-    """
-
-    def __init__(
-        self, scheduler: Any, is_warmup: Callable[[str], bool], warming: Callable[[], bool]
-    ) -> None:
-        self._scheduler = scheduler
-        self._is_warmup = is_warmup
-        self._warming = warming
-        self._fcfs = getattr(scheduler, "policy", None) == SchedulingPolicy.FCFS
-        self.passing = False
-
-    def short(self, request: Request) -> None:
-        """``request``'s allocation failed; vLLM preempts next."""
-        self.passing = False
-        if not self._warming():
-            return
-        running: list[Request] = self._scheduler.running
-        try:
-            at = running.index(request)
-        except ValueError:  # a waiting request: vLLM preempts nothing for it
-            return
-        if self._is_warmup(request.request_id):
-            if self._fcfs:  # vLLM preempts the warm-up itself, and stops there
-                running[at], running[-1] = running[-1], running[at]
-            return
-        ahead_running = False
-        for i in range(len(running) - 1, -1, -1):
-            r = running[i]
-            if not self._is_warmup(r.request_id):
-                continue
-            paused = r.next_decode_eligible_step >= PAUSED
-            if self._fcfs and (i > at or paused):
-                running[i], running[-1] = running[-1], running[i]
-                return
-            ahead_running = ahead_running or (i < at and not paused)
-        self.passing = ahead_running
 
 
 def wrap_allocations(

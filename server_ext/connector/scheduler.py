@@ -3,7 +3,9 @@ against real requests, and the tier's plan (with a tier of the connector's own).
 
 ``AgentHintsConnector`` hands each scheduler-side hook of vLLM here. Retention
 decisions live in ``EngineRetention`` (``server_ext._engine``, no vLLM import);
-the wrapped allocations in ``allocation``; telemetry in ``metrics``.
+each request's one record in ``server_ext._requests``; the wrapped
+allocations in ``allocation``; warm-up pacing in ``warmups``; the tier's side
+in ``tier``; telemetry in ``metrics``.
 """
 
 from __future__ import annotations
@@ -11,22 +13,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._config import ExtensionConfig
-from .._contract import RequestParams, read_params, without_hints
+from .._contract import read_params, without_hints
 from .._engine import EngineRetention
 from .._headroom import Headroom
 from .._pool import HoldPort, ShelfPort
-from .._vllm import RequestStatus, check_cpu_reservation
+from .._requests import RequestTable
+from .._vllm import check_cpu_reservation
 from ..offload import lower_to_envelope, policy_counters
 from ..policy import RetentionPolicy, StepTimer
-from ..tier import BlockProgress, GuardedTier, TierConfig, TierPlanner
-from .allocation import PAUSED, WarmupsGoFirst, binding_scheduler, wrap_allocations
-from .metadata import AgentHintsMetadata, TierWorkerMetadata
+from ..tier import TierConfig
+from .allocation import binding_scheduler, wrap_allocations
+from .metadata import AgentHintsMetadata
 from .metrics import AgentHintsStats, StatsReporter
-from .tier import make_planner, shared_store_probe, tier_identity
+from .tier import SchedulerTier, one_hashed_group
+from .warmups import WarmupsGoFirst, pace_warmups, yielded_warmups
 
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig, VllmConfig
@@ -41,22 +44,11 @@ __all__ = ["ConnectorScheduler"]
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class _Tracked:
-    """One request from arrival to finish, as the scheduler side keeps it:
-    its params read once (``read_params``), whether it is a prefetch warm-up,
-    and whether the tier plans for it."""
-
-    request: Request
-    params: RequestParams
-    warmup: bool = False
-    tiered: bool = False
-
-
 class ConnectorScheduler:
-    """The scheduler-side state of one engine: retention (once vLLM binds its
-    KV cache manager), the prefetcher's warm-ups in flight, the tier planner
-    and the requests it tracks, and the engine's step timer."""
+    """The scheduler-side state of one engine: one record per request in
+    flight (``RequestTable``, its params read once), retention (once vLLM
+    binds its KV cache manager), the tier's side, and the engine's step
+    timer."""
 
     def __init__(
         self,
@@ -69,9 +61,7 @@ class ConnectorScheduler:
     ) -> None:
         self._vllm_config = vllm_config
         self._kv_cache_config = kv_cache_config
-        self._transfer = transfer
         self._config = config
-        self._tier_config = tier
         # The host tier: vLLM's OffloadingConnector beside this one.
         self._offloaded = offloaded
         self._total_blocks = int(kv_cache_config.num_blocks)
@@ -83,49 +73,25 @@ class ConnectorScheduler:
         self._shelf: ShelfPort | None = None
         self._stats = StatsReporter()
         # Every request from arrival to finish, its params read once.
-        self._requests: dict[str, _Tracked] = {}
-        self.planner: TierPlanner | None = None
-        self._shared_probe: GuardedTier | None = None
-        # Connector cache resets so far: each starts the tier's keys anew.
-        self._resets = 0
+        self._requests = RequestTable()
         # The engine's step time: the tier's books and warm-first admission's window.
         self._timer = StepTimer()
-        # Prefetch warm-ups in flight (paced by ``_pace_warmups``), and the
-        # steps a running one sat out.
-        self._warmups = 0
+        # The steps a running warm-up sat out.
         self._warmup_yields = 0
         self._guard: WarmupsGoFirst | None = None
         self._headroom: Headroom | None = None
         # Preemptions of finished requests: real ones, warm-ups.
         self._preemptions = {False: 0, True: 0}
-        if tier is not None:
-            self.planner = self._make_planner()
+        self.tier: SchedulerTier | None = None
+        if tier is not None and not self._one_hashed_group():
+            logger.warning("agent-hints tier: needs one KV cache group hashed per block; off")
+        elif tier is not None:
+            self.tier = SchedulerTier(
+                tier, vllm_config, kv_cache_config, transfer, config.ttl_cap_s, self._tier_fault
+            )
         check_cpu_reservation()
 
-    def _make_planner(self) -> TierPlanner | None:
-        assert self._tier_config is not None
-        if not self._one_hashed_group():
-            logger.warning("agent-hints tier: needs one KV cache group hashed per block; off")
-            return None
-        # A tier miss at load time (evicted, corrupt, store down) must cost a
-        # recompute, never a failed request.
-        self._transfer.kv_load_failure_policy = "recompute"
-        return make_planner(
-            self._tier_config,
-            self._vllm_config,
-            self._kv_cache_config,
-            f"|reset {self._resets}" if self._resets else "",
-            self._probe,
-        )
-
-    def _probe(self) -> GuardedTier:
-        assert self._tier_config is not None
-        if self._shared_probe is None:
-            self._shared_probe = shared_store_probe(self._tier_config)
-        return self._shared_probe
-
-    def _tier_fault(self, what: str) -> None:
-        logger.exception("agent-hints tier: %s failed; serving without the tier", what)
+    def _tier_fault(self) -> None:
         if self.retention is not None:
             self.retention.faults += 1
 
@@ -153,14 +119,8 @@ class ConnectorScheduler:
         against the engine's steps) carry over.
         """
         self._release_retentions()
-        old = self.planner
-        if old is not None:
-            self._resets += 1
-            for tracked in self._requests.values():
-                tracked.tiered = False
-            self.planner = self._make_planner()
-            if self.planner is not None:
-                self.planner.counters, self.planner.payoff = old.counters, old.payoff
+        if self.tier is not None:
+            self.tier.reset(self._requests)
         return True
 
     def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
@@ -177,10 +137,11 @@ class ConnectorScheduler:
             port,
             self._config.admission_gate(
                 self._block_size,
-                tiered=self.planner is not None or self._offloaded,
+                tiered=self.tier is not None or self._offloaded,
                 step_tokens=self._step_tokens,
                 timer=self._timer,
             ),
+            requests=self._requests,
         )
         self.retention = retention
         if isinstance(port, ShelfPort):
@@ -189,7 +150,7 @@ class ConnectorScheduler:
         # composing this one): found now, while it is on the stack.
         scheduler = binding_scheduler(kv_cache_manager)
         if scheduler is not None:
-            self._guard = WarmupsGoFirst(scheduler, self._is_warmup, lambda: self._warmups > 0)
+            self._guard = WarmupsGoFirst(scheduler, self._requests)
         self._headroom = self._make_headroom(kv_cache_manager, scheduler)
         wrap_allocations(
             kv_cache_manager,
@@ -231,14 +192,7 @@ class ConnectorScheduler:
         return self._guard is not None and self._guard.passing
 
     def _one_hashed_group(self) -> bool:
-        """Whether the KV cache is one group hashed per block: the layout in
-        which a request's block hashes name the pool's blocks (the tier and
-        retention by eviction order need it)."""
-        config = self._kv_cache_config
-        return len(config.kv_cache_groups) == 1 and config.hash_block_size in (
-            None,
-            self._block_size,
-        )
+        return one_hashed_group(self._kv_cache_config, self._block_size)
 
     # -- scheduler-side hooks
 
@@ -253,21 +207,15 @@ class ConnectorScheduler:
         # builds its request context from them here): SPEC 5.2.
         request.kv_hints = lower_to_envelope(request.kv_hints, request.kv_transfer_params)
         params = read_params(request.kv_transfer_params)
-        tracked = self._requests[request.request_id] = _Tracked(request, params)
+        record = self._requests.add(request.request_id, request, params)
         if params.control is not None:
             return  # delivered when it finishes: it carries no inference
         if self.retention is not None:
             blocks = len(request.block_hashes)
             self.retention.request_added(request.request_id, params.hinted, blocks, request)
-            if self.retention.is_warmup(request.request_id):
-                tracked.warmup = True
-                self._warmups += 1
             self._pace_warmups()
-        if self.planner is not None:
-            identity = tier_identity(params.hinted, self._config.ttl_cap_s)
-            if identity is not None:
-                self.planner.track(request.request_id, *identity)
-                tracked.tiered = True
+        if self.tier is not None:
+            self.tier.track(request.request_id, record, params.hinted)
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -275,20 +223,15 @@ class ConnectorScheduler:
         # None = "not now": the scheduler passes over the request this step
         # (warm-first admission) and considers it again on the next.
         tokens = 0
-        if self.planner is not None and self._tiered(request.request_id):
-            try:
-                tokens = self.planner.lookup(
-                    request.request_id, request.block_hashes, request.num_tokens,
-                    num_computed_tokens,
-                )  # fmt: skip
-            except Exception:
-                self._tier_fault("lookup")
+        record = self._requests.get(request.request_id)
+        if self.tier is not None and record is not None and record.tiered:
+            tokens = self.tier.lookup(request, num_computed_tokens)
         if self._shelf is not None and self.retention is not None:
             # vLLM computes a prompt's last token whatever the cache holds.
             servable = (request.num_tokens - 1) // self._block_size
             self._shelf.admit(
                 request.request_id,
-                self.retention.is_hinted(request.request_id),
+                record is not None and record.key is not None,
                 request.block_hashes[:servable],
                 num_computed_tokens // self._block_size,
             )
@@ -305,99 +248,65 @@ class ConnectorScheduler:
             self._shelf.admitted(request.request_id)
         if self.retention is not None:
             self.retention.request_scheduled(request.request_id)
-        if self.planner is not None and self._tiered(request.request_id):
-            try:
-                block_ids = blocks.get_block_ids()[0]
-                self.planner.allocated(request.request_id, block_ids, num_external_tokens)
-            except Exception:
-                self._tier_fault("load planning")
+        record = self._requests.get(request.request_id)
+        if self.tier is not None and record is not None and record.tiered:
+            self.tier.allocated(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> AgentHintsMetadata:
         timer, busy = self._timer, self._timer.busy_s
         timer.step(time.monotonic(), scheduler_output.num_scheduled_tokens)
         if self._headroom is not None:
             self._headroom.new_step()
+        scheduled = scheduler_output.num_scheduled_tokens
         if self.retention is not None:
-            scheduled = scheduler_output.num_scheduled_tokens
-            self._warmup_yields += sum(
-                request.next_decode_eligible_step >= PAUSED
-                and request.status == RequestStatus.RUNNING
-                and request_id not in scheduled
-                for request_id, request in self._in_flight_warmups()
-            )
+            self._warmup_yields += yielded_warmups(self._requests, scheduled)
             self.retention.step_scheduled(scheduled)
             self._pace_warmups()
-        if self.planner is None or self.kv_cache_manager is None:
+        if self.tier is None or self.kv_cache_manager is None:
             return AgentHintsMetadata()
-        manager = self.kv_cache_manager
-        try:
-            self.planner.engine_step(timer.busy_s - busy, timer.seconds_per_token)
-            progress = [
-                BlockProgress(
-                    req_id,
-                    tracked.request.block_hashes,
-                    manager.get_block_ids(req_id)[0],
-                    # num_computed_tokens advances only after this call.
-                    tracked.request.num_computed_tokens + scheduled,
-                )
-                for req_id, scheduled in scheduler_output.num_scheduled_tokens.items()
-                if (tracked := self._requests.get(req_id)) is not None and tracked.tiered
-            ]
-            return AgentHintsMetadata(self.planner.step(progress))
-        except Exception:
-            self._tier_fault("save planning")
-            # The step's planned loads cannot reach the worker: report them
-            # failed, so vLLM recomputes those blocks.
-            return AgentHintsMetadata(self.planner.abandon())
-
-    def _is_warmup(self, request_id: str) -> bool:
-        tracked = self._requests.get(request_id)
-        return tracked is not None and tracked.warmup
-
-    def _tiered(self, request_id: str) -> bool:
-        tracked = self._requests.get(request_id)
-        return tracked is not None and tracked.tiered
-
-    def _in_flight_warmups(self) -> list[tuple[str, Request]]:
-        if not self._warmups:
-            return []
-        return [(rid, t.request) for rid, t in self._requests.items() if t.warmup]
+        return self.tier.step(
+            self.kv_cache_manager,
+            scheduled,
+            self._requests,
+            timer.busy_s - busy,
+            timer.seconds_per_token,
+        )
 
     def _pace_warmups(self) -> None:
         """Make running warm-ups sit out the next step, or run again, as the
         retention decides (``EngineRetention.warmups_yield``)."""
         assert self.retention is not None
-        paused = self.retention.warmups_yield
-        for _, request in self._in_flight_warmups():
-            step = request.next_decode_eligible_step
-            if paused and step < PAUSED:
-                request.next_decode_eligible_step = step + PAUSED
-            elif not paused and step >= PAUSED:
-                request.next_decode_eligible_step = step - PAUSED
+        pace_warmups(self._requests, self.retention.warmups_yield)
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        meta = connector_output.kv_connector_worker_meta
-        if self.planner is not None and isinstance(meta, TierWorkerMetadata):
-            r = meta.report
-            self.planner.worker_report(
-                r.failed_saves, r.failed_loads, r.bytes_saved, r.bytes_loaded, r.seconds
-            )
+        if self.tier is not None:
+            self.tier.worker_report(connector_output)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        tracked = self._requests.pop(request.request_id, None)
-        if self.planner is not None:
-            self.planner.finished(request.request_id)
+        if self.tier is not None:
+            self.tier.finished(request.request_id)
+        try:
+            self._retain(request, block_ids)
+        finally:
+            # Retention took its records off the table; what it does not track
+            # (control messages, requests before retention) leaves here.
+            self._requests.pop(request.request_id)
+        return False, None
+
+    def _retain(self, request: Request, block_ids: list[int]) -> None:
+        """A finished request's part in retention: its blocks, or its control message."""
         retention = self.retention
         if retention is None:
-            return False, None
-        warmup = tracked is not None and tracked.warmup
-        self._warmups -= warmup
+            return
+        record = self._requests.get(request.request_id)
+        warmup = record is not None and record.warmup
         self._preemptions[warmup] += request.num_preemptions
-        if tracked is not None and tracked.params.control is not None:
-            retention.control(tracked.params.control)
-            return False, None
+        control = record.params.control if record is not None and record.params else None
+        if control is not None:
+            retention.control(control)
+            return
         pool = self.kv_cache_manager.block_pool if self.kv_cache_manager else None
         # Only full, hashed blocks can be hit again; the partial tail cannot.
         full = (
@@ -406,9 +315,6 @@ class ConnectorScheduler:
             else []
         )
         retention.request_finished(request.request_id, full)
-        return False, None
-
-    # -- metrics
 
     # -- metrics
 
@@ -440,11 +346,12 @@ class ConnectorScheduler:
             now["headroom_armed"] = float(self._headroom.armed)
         if self._offloaded and (policy := policy_counters()) is not None:
             now.update({f"tier_{name}": value for name, value in policy.items()})
-        if self.planner is not None:
-            counters = dataclasses.asdict(self.planner.counters)
+        if self.tier is not None:
+            planner = self.tier.planner
+            counters = dataclasses.asdict(planner.counters)
             now.update({f"tier_{name}": value for name, value in counters.items()})
-            now["tier_bytes"] = self.planner.index.bytes_used
-            payoff = self.planner.payoff
+            now["tier_bytes"] = planner.index.bytes_used
+            payoff = planner.payoff
             now["tier_saving"] = float(payoff.saving)
             now["tier_cost_seconds"] = payoff.cost_s
             now["tier_spared_seconds"] = payoff.spared_s
@@ -453,5 +360,5 @@ class ConnectorScheduler:
         return self._stats.report(now, observed)
 
     def shutdown(self) -> None:
-        if self._shared_probe is not None:
-            self._shared_probe.close()
+        if self.tier is not None:
+            self.tier.shutdown()

@@ -1,5 +1,6 @@
-"""The connector's tier wiring: which tier a role runs, the scheduler's
-planner and shared-store probe, and each worker's part of a block.
+"""The connector's tier wiring: which tier a role runs, the scheduler's side
+of it (``SchedulerTier``: the planner and the shared-store probe), and each
+worker's part of a block.
 
 ``"tier": "host"`` is vLLM's ``OffloadingConnector`` beside this connector
 (``server_ext.offload``); the tier this connector runs itself is Mooncake's.
@@ -8,12 +9,15 @@ planner and shared-store probe, and each worker's part of a block.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._contract import HintedParams
+from .._requests import InFlight, RequestTable
 from .._vllm import envs, parallel_ranks
 from ..tier import (
+    BlockProgress,
     GuardedTier,
     KeyIndex,
     MooncakeTier,
@@ -24,21 +28,29 @@ from ..tier import (
     TierPlanner,
     shard_key,
 )
+from .metadata import AgentHintsMetadata, TierWorkerMetadata
 
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig, VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
 
 __all__ = [
+    "SchedulerTier",
     "first_shard",
     "layout",
     "make_planner",
+    "one_hashed_group",
     "refuse_sleep_mode",
     "shared_store_probe",
     "tier_for_role",
     "tier_identity",
     "worker_shard",
 ]
+
+logger = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 0.05
 """The scheduler waits on a shared-store lookup; a normal one takes under 1 ms."""
@@ -180,3 +192,147 @@ def make_planner(
         secret=config.secret(),
         payoff=TierPayoff(trial=config.trial),
     )
+
+
+def one_hashed_group(kv_cache_config: KVCacheConfig, block_size: int) -> bool:
+    """Whether the KV cache is one group hashed per block: the layout in
+    which a request's block hashes name the pool's blocks (the tier and
+    retention by eviction order need it)."""
+    return len(kv_cache_config.kv_cache_groups) == 1 and kv_cache_config.hash_block_size in (
+        None,
+        block_size,
+    )
+
+
+class SchedulerTier:
+    """The scheduler's side of a tier of the connector's own (Mooncake): the
+    planner for this engine's KV layout, the query-only probe of the shared
+    store, and each scheduler hook's part of the tier. A fault in any of them
+    costs the tier (``fault``), never a request.
+    """
+
+    def __init__(
+        self,
+        config: TierConfig,
+        vllm_config: VllmConfig,
+        kv_cache_config: KVCacheConfig,
+        transfer: KVTransferConfig,
+        ttl_cap_s: float,
+        fault: Callable[[], None],
+    ) -> None:
+        self._config = config
+        self._ttl_cap_s = ttl_cap_s
+        self._vllm_config = vllm_config
+        self._kv_cache_config = kv_cache_config
+        self._fault = fault
+        self._shared_probe: GuardedTier | None = None
+        # Connector cache resets so far: each starts the tier's keys anew.
+        self._resets = 0
+        # A tier miss at load time (evicted, corrupt, store down) must cost a
+        # recompute, never a failed request.
+        transfer.kv_load_failure_policy = "recompute"
+        self.planner = self._make_planner()
+
+    def _make_planner(self) -> TierPlanner:
+        return make_planner(
+            self._config,
+            self._vllm_config,
+            self._kv_cache_config,
+            f"|reset {self._resets}" if self._resets else "",
+            self._probe,
+        )
+
+    def _probe(self) -> GuardedTier:
+        if self._shared_probe is None:
+            self._shared_probe = shared_store_probe(self._config)
+        return self._shared_probe
+
+    def _failed(self, what: str) -> None:
+        logger.exception("agent-hints tier: %s failed; serving without the tier", what)
+        self._fault()
+
+    def reset(self, requests: RequestTable) -> None:
+        """Start over (``ConnectorScheduler.reset_cache``): a new planner with
+        an empty index and a new key namespace; the ``requests`` it tracked
+        leave the tier; its counters and books carry over."""
+        old = self.planner
+        self._resets += 1
+        for _, record in requests.items():
+            record.tiered = False
+        self.planner = self._make_planner()
+        self.planner.counters, self.planner.payoff = old.counters, old.payoff
+
+    def track(self, request_id: str, record: InFlight, read: HintedParams | None) -> None:
+        """A new request: the tier plans for it if it is hinted."""
+        identity = tier_identity(read, self._ttl_cap_s)
+        if identity is not None:
+            self.planner.track(request_id, *identity)
+            record.tiered = True
+
+    def lookup(self, request: Request, num_computed_tokens: int) -> int:
+        """Tokens past ``num_computed_tokens`` the tier can load (0 on a fault)."""
+        try:
+            return self.planner.lookup(
+                request.request_id, request.block_hashes, request.num_tokens,
+                num_computed_tokens,
+            )  # fmt: skip
+        except Exception:
+            self._failed("lookup")
+            return 0
+
+    def allocated(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        try:
+            block_ids = blocks.get_block_ids()[0]
+            self.planner.allocated(request.request_id, block_ids, num_external_tokens)
+        except Exception:
+            self._failed("load planning")
+
+    def step(
+        self,
+        manager: KVCacheManager,
+        scheduled: Mapping[str, int],
+        requests: RequestTable,
+        busy_s: float,
+        seconds_per_token: float | None,
+    ) -> AgentHintsMetadata:
+        """The step's metadata: its planned loads, and saves of the tiered
+        requests' blocks it completes (``scheduled``: tokens per request); the
+        engine ran its last step for ``busy_s``."""
+        try:
+            self.planner.engine_step(busy_s, seconds_per_token)
+            progress = []
+            for req_id, tokens in scheduled.items():
+                record = requests.get(req_id)
+                if record is None or not record.tiered:
+                    continue
+                request = cast("Request", record.progress)
+                progress.append(
+                    BlockProgress(
+                        req_id,
+                        request.block_hashes,
+                        manager.get_block_ids(req_id)[0],
+                        # num_computed_tokens advances only after this call.
+                        request.num_computed_tokens + tokens,
+                    )
+                )
+            return AgentHintsMetadata(self.planner.step(progress))
+        except Exception:
+            self._failed("save planning")
+            # The step's planned loads cannot reach the worker: report them
+            # failed, so vLLM recomputes those blocks.
+            return AgentHintsMetadata(self.planner.abandon())
+
+    def worker_report(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, TierWorkerMetadata):
+            r = meta.report
+            self.planner.worker_report(
+                r.failed_saves, r.failed_loads, r.bytes_saved, r.bytes_loaded, r.seconds
+            )
+
+    def finished(self, request_id: str) -> None:
+        self.planner.finished(request_id)
+
+    def shutdown(self) -> None:
+        if self._shared_probe is not None:
+            self._shared_probe.close()

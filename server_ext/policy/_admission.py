@@ -64,7 +64,8 @@ class StepTimer:
     Invariants: ``seconds_per_token`` is None until a step was timed, then an
     exponential average (weight ``smoothing`` per step) of the timed steps;
     ``_last`` is the previous step if it carried at least ``_MIN_TIMED_TOKENS``,
-    else None; ``_previous`` is the previous step's start and requests.
+    else None; ``_previous`` is the previous step's start and requests (a
+    record of the step, not of any request).
     """
 
     smoothing: float = 0.2
@@ -219,7 +220,11 @@ class WarmFirstGate:
 
     Pure and synchronous, driven by the adapter's scheduler events and an
     explicit ``now``; ``timer`` is the engine's, stepped by its owner (the
-    connector times each step once, for every mechanism). Invariants:
+    connector times each step once, for every mechanism). Its waiting set is
+    an index over the engine's requests (the subset still waiting, ordered by
+    size in ``_sizes``), kept here rather than in the engine's record of each
+    request so that the policy runs alone in unit tests and the simulator.
+    Invariants:
       - ``_waiting`` holds exactly the hinted requests that arrived and have
         been neither scheduled nor finished, with their arrival time and the
         best known count of uncached blocks (None until known).

@@ -80,6 +80,11 @@ class _Tracked:
 class TierPlanner:
     """Plans tier transfers for tracked (hinted) requests.
 
+    Each tracked request's tier state (its keys, the blocks saved, a pending
+    lookup) is the planner's own, not a field of the scheduler's record of
+    the request: a cache reset replaces the planner, and every request it
+    tracked leaves the tier with it at once.
+
     Args:
         index: the keys the store holds, a bookkeeping bound: the store
             evicts on its own (and other engines may still use a key); a
