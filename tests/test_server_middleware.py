@@ -13,7 +13,7 @@ import pytest
 
 from hints_spec import AgentHints
 from server_ext import AgentHintsMiddleware
-from server_ext._middleware import PARSE_ERRORS
+from server_ext._rewrite import PARSE_ERRORS
 from server_ext.testing import FakeDownstream
 
 Message = dict[str, Any]
