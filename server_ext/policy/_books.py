@@ -4,6 +4,8 @@ prefetch warm-ups pay.
 Both are pure counters fed by ``RetentionPolicy`` (through ``ReturnForecast``
 and ``RetentionTable``) and read back as ``PolicyStats`` and metrics; the
 warm-up score also gates whether a warm-up may evict (``warmups_take_room``).
+The prefetch planner scores its return predictions with the same
+``ReturnCalibration``.
 """
 
 from __future__ import annotations
@@ -27,22 +29,35 @@ _ACCURACY_PRIOR = 4.0
 
 @dataclass(slots=True)
 class ReturnCalibration:
-    """Predicted vs actual gaps of returning branches, on a log2 scale
-    (an error of 1 is a factor of 2), for the calibration metrics."""
+    """Predicted vs actual gaps of returning branches: on a log2 scale (an
+    error of 1 is a factor of 2), for the calibration metrics, and in
+    seconds (actual - predicted: positive when returns come late)."""
 
     returns: int = 0
     log2_error_sum: float = 0.0
     within_2x: int = 0
+    error_s_sum: float = 0.0
+    abs_error_s_sum: float = 0.0
     errors: list[float] = field(default_factory=list)
-    """Errors not yet taken (``take_errors``), at most ``_MAX_UNTAKEN``."""
+    """Log2 errors not yet taken (``take_errors``), at most ``_MAX_UNTAKEN``."""
 
     def add(self, predicted_s: float, actual_s: float) -> None:
         error = abs(math.log2(max(actual_s, MIN_GAP_S) / max(predicted_s, MIN_GAP_S)))
         self.returns += 1
         self.log2_error_sum += error
         self.within_2x += error <= 1.0
+        self.error_s_sum += actual_s - predicted_s
+        self.abs_error_s_sum += abs(actual_s - predicted_s)
         if len(self.errors) < _MAX_UNTAKEN:
             self.errors.append(error)
+
+    @property
+    def mean_error_s(self) -> float:
+        return self.error_s_sum / self.returns if self.returns else 0.0
+
+    @property
+    def mean_abs_error_s(self) -> float:
+        return self.abs_error_s_sum / self.returns if self.returns else 0.0
 
     def take_errors(self) -> list[float]:
         """The errors since the last call (for a histogram of them)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from hints_spec.core import ROOT_BRANCH
 
+from ._books import ReturnCalibration
 from ._estimator import GapEstimator
 from ._heap import IndexedHeap
 from ._keys import BranchKey
@@ -87,6 +88,14 @@ class PrefetchPlanner:
     tool from the returns reported here); its warm-up time is that minus the
     lead time a warm-up of its size takes (``lead_time``).
 
+    It is built from the policy's primitives (``GapEstimator``,
+    ``IndexedHeap``, ``SessionIndex``, ``ReturnCalibration``) but keeps
+    instances of its own: it runs in the API server (``Prefetcher``), the
+    retention policy in the engine core, and neither process can read the
+    other's. So each learns the gaps it sees, one estimator per process; its
+    departures also carry what only prefetch needs (the prompt's size, the
+    warm-up time, whether it was handed out).
+
     Invariants, true after every public call:
       - At most ``max_branches`` branches are tracked (least recently
         departed or updated dropped first), with one ``_sessions`` entry each,
@@ -139,10 +148,9 @@ class PrefetchPlanner:
         self._heap: IndexedHeap[BranchKey] = IndexedHeap()
         self._order = itertools.count()
         self._fired = 0
-        self._returns = 0
         self._early = 0
-        self._abs_error = 0.0
-        self._error = 0.0
+        # Predicted vs actual returns, scored as retention's are.
+        self._calibration = ReturnCalibration()
 
     # Introspection.
 
@@ -157,14 +165,14 @@ class PrefetchPlanner:
 
     @property
     def stats(self) -> PlannerStats:
-        n = self._returns
+        calibration = self._calibration
         return PlannerStats(
             tracked=len(self._branches),
             fired=self._fired,
-            returns=n,
+            returns=calibration.returns,
             early_returns=self._early,
-            mean_abs_error_s=self._abs_error / n if n else 0.0,
-            mean_error_s=self._error / n if n else 0.0,
+            mean_abs_error_s=calibration.mean_abs_error_s,
+            mean_error_s=calibration.mean_error_s,
             seconds_per_token=self._spt,
         )
 
@@ -241,10 +249,7 @@ class PrefetchPlanner:
         now = self._now(now)
         self._forget(key)
         self.estimator.observe(key.tenant, key.sid, b.tool, now - b.departed)
-        error = now - b.expected_return
-        self._returns += 1
-        self._error += error
-        self._abs_error += abs(error)
+        self._calibration.add(b.expected_return - b.departed, now - b.departed)
         self._early += not b.fired
 
     def ended(self, key: BranchKey) -> None:
