@@ -29,22 +29,16 @@ from server_ext.policy import (
     RetentionPolicy,
     ToolStartEvent,
 )
+from server_ext.testing import ManualClock
 
 __all__ = ["build", "main", "time_ops"]
 
 _PREFIX = (1, 2, 3, 4)
 
 
-class _Clock:
-    now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def build(retentions: int, tenants: int, total_blocks: int) -> tuple[RetentionPolicy, _Clock]:
+def build(retentions: int, tenants: int, total_blocks: int) -> tuple[RetentionPolicy, ManualClock]:
     """A policy holding ``retentions`` branches of ``tenants`` tenants."""
-    clock = _Clock()
+    clock = ManualClock()
     config = PolicyConfig(
         total_blocks=total_blocks,
         max_held_fraction=1.0,
@@ -54,30 +48,33 @@ def build(retentions: int, tenants: int, total_blocks: int) -> tuple[RetentionPo
     policy = RetentionPolicy(config, clock=clock)
     for i in range(retentions):
         clock.now = i * 1e-4
-        key = BranchKey(f"t{i % tenants}", f"s{i}", "root")
+        key = BranchKey(f"t{i % tenants}", f"s{i}")
         policy.on_request_finished(
             key, (*_PREFIX, 10 + i % 64), BranchHints(gap=5.0 + i % 50), True
         )
     return policy, clock
 
 
-def time_ops(policy: RetentionPolicy, clock: _Clock, repeats: int) -> dict[str, list[float]]:
+def time_ops(policy: RetentionPolicy, clock: ManualClock, repeats: int) -> dict[str, list[float]]:
     """Seconds per call of each operation, ``repeats`` calls each."""
     n = policy.retained_branches
     ops: dict[str, Callable[[int], object]] = {
         # per engine step
         "expire (nothing due)": lambda i: policy.expire(),
         # per waiting hinted request per step (warm-first admission)
-        "return_due": lambda i: policy.return_due(clock.now, 1.0, BranchKey("t0", "x", "root")),
+        "return_due": lambda i: policy.return_due(clock.now, 1.0, BranchKey("t0", "x")),
         # per request
         "retain a finished request": lambda i: policy.on_request_finished(
-            BranchKey(f"t{i % 7}", f"new{i}", "root"), (*_PREFIX, 99), BranchHints(gap=3.0), True
+            BranchKey(f"t{i % 7}", f"new{i}"),
+            (*_PREFIX, 99),
+            BranchHints(gap=3.0),
+            True,
         ),
         "a branch's request arrives": lambda i: policy.on_request_arrived(
-            BranchKey(f"t{i % 7}", f"s{(i * 7919) % n}", "root")
+            BranchKey(f"t{i % 7}", f"s{(i * 7919) % n}")
         ),
         "a branch's request starts": lambda i: policy.on_request_started(
-            BranchKey(f"t{i % 7}", f"s{(i * 104729) % n}", "root")
+            BranchKey(f"t{i % 7}", f"s{(i * 104729) % n}")
         ),
         "control: tool_start": lambda i: policy.on_control(
             f"t{i % 7}", f"s{(i * 31) % n}", ToolStartEvent(tool="bash", eta=4.0)
@@ -85,11 +82,9 @@ def time_ops(policy: RetentionPolicy, clock: _Clock, repeats: int) -> dict[str, 
         # per allocation the free queue cannot serve
         "make_room(1)": lambda i: policy.make_room(1),
         # per warm-up considered
-        "next_return": lambda i: policy.next_return(
-            BranchKey("t1", f"s{i % n}", "root"), clock.now
-        ),
+        "next_return": lambda i: policy.next_return(BranchKey("t1", f"s{i % n}"), clock.now),
         "releasable_for": lambda i: policy.releasable_for(
-            clock.now + 1.0, clock.now, BranchKey("t1", "x", "root"), 4
+            clock.now + 1.0, clock.now, BranchKey("t1", "x"), 4
         ),
     }
     timings: dict[str, list[float]] = {}

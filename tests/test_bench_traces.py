@@ -33,6 +33,7 @@ from benchmarks._traces import (
 from benchmarks.bound import Sent, main, predicted
 from hints_spec import CONTROL_PATH, HEADER_NAME, USER_TOOL, parse_header
 from server_ext.policy import Action, BranchKey, Decision, RetentionPolicy
+from server_ext.testing import ManualClock
 
 
 def _req(hash_ids: list[int], think: float = 0.0, t: float = 0.0, out: int = 64) -> dict[str, Any]:
@@ -130,7 +131,7 @@ def test_truncate_keeps_the_prefix_that_fits_and_never_ends_on_a_fork() -> None:
 
 def _stub(
     seen: list[tuple[float, dict[str, Any], str | None]],
-    clock: list[float],
+    clock: ManualClock,
     events: list[tuple[float, dict[str, Any]]] | None = None,
 ) -> httpx2.MockTransport:
     """A completions endpoint that streams one token and usage, logging each
@@ -140,9 +141,9 @@ def _stub(
         body = json.loads(request.content)
         if request.url.path == CONTROL_PATH:
             assert events is not None, "no control events expected"
-            events.append((clock[0], body))
+            events.append((clock.now, body))
             return httpx2.Response(200, json={"v": 1, "results": []})
-        seen.append((clock[0], body, request.headers.get(HEADER_NAME)))
+        seen.append((clock.now, body, request.headers.get(HEADER_NAME)))
         chunks = [
             {"choices": [{"index": 0, "text": "x"}]},
             {"choices": [], "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1,
@@ -162,17 +163,17 @@ def _run(
     **settings: Any,
 ) -> tuple[list[RequestRecord], list[tuple[float, dict[str, Any], str | None]]]:
     """Replay against the stub on a fake clock: sleeping advances it exactly."""
-    clock = [0.0]
+    clock = ManualClock()
     seen: list[tuple[float, dict[str, Any], str | None]] = []
 
     async def sleep(seconds: float) -> None:
-        clock[0] += seconds
+        clock.advance(seconds)
         await asyncio.sleep(0)
 
     async def go() -> list[RequestRecord]:
         async with httpx2.AsyncClient(transport=_stub(seen, clock, events)) as client:
             s = ReplaySettings(base_url="http://stub", **settings)
-            return await replay(traces, s, client, clock=lambda: clock[0], sleep=sleep)
+            return await replay(traces, s, client, clock=clock, sleep=sleep)
 
     return asyncio.run(go()), seen
 
@@ -380,7 +381,7 @@ def test_default_selection_fits_and_is_deterministic(traces_dir: Path) -> None:
 
 def test_tenant_per_trace_sends_one_api_key_per_session() -> None:
     keys: list[str | None] = []
-    inner = _stub([], [0.0])
+    inner = _stub([], ManualClock())
 
     def handle(request: httpx2.Request) -> httpx2.Response:
         keys.append(request.headers.get("authorization"))
@@ -398,7 +399,7 @@ def test_tenant_per_trace_sends_one_api_key_per_session() -> None:
 
 def test_on_done_reports_every_request_once_failed_or_not() -> None:
     done: list[RequestRecord] = []
-    inner = _stub([], [0.0])
+    inner = _stub([], ManualClock())
 
     def handle(request: httpx2.Request) -> httpx2.Response:
         if json.loads(request.content)["prompt"][0] % 2:  # some requests fail
