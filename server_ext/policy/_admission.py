@@ -221,9 +221,10 @@ class WarmFirstGate:
     Pure and synchronous, driven by the adapter's scheduler events and an
     explicit ``now``; ``timer`` is the engine's, stepped by its owner (the
     connector times each step once, for every mechanism). Its waiting set is
-    an index over the engine's requests (the subset still waiting, ordered by
-    size in ``_sizes``), kept here rather than in the engine's record of each
-    request so that the policy runs alone in unit tests and the simulator.
+    an index over the engine's requests (the hinted ones still waiting, and a
+    heap of their sizes for the cheapest other), kept here rather than in the
+    engine's record of each request: the gate is pure policy, with no view of
+    the engine's records, and the heap must be its own.
     Invariants:
       - ``_waiting`` holds exactly the hinted requests that arrived and have
         been neither scheduled nor finished, with their arrival time and the
