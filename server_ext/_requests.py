@@ -89,9 +89,6 @@ class RequestTable:
         self.real_running = 0
         self.warmups = 0
 
-    def __len__(self) -> int:
-        return len(self._records)
-
     def get(self, request_id: str) -> InFlight | None:
         return self._records.get(request_id)
 

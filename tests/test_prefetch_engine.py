@@ -24,6 +24,7 @@ from server_ext._contract import (
     read_params,
 )
 from server_ext._engine import EngineRetention
+from server_ext._requests import RequestTable
 from server_ext.policy import (
     AdmissionTrial,
     BranchKey,
@@ -91,6 +92,27 @@ def test_warmup_is_not_a_return_and_retains_again() -> None:
     # The gap learned is the real one (12 s), not the time since the warm-up (3 s).
     estimate = e.policy.estimator.predict("t", "s", None, None)
     assert estimate.expected_s > 8.0
+
+
+def test_retention_fills_the_record_the_connector_keeps_and_takes_it_off() -> None:
+    clock = ManualClock()
+    policy = RetentionPolicy(PolicyConfig(total_blocks=100, max_held_fraction=1.0), clock=clock)
+    requests = RequestTable()
+    e = EngineRetention(policy, FakeBlockPool(), clock=clock, requests=requests)
+    control = requests.add("c", params=read_params(control_params("t", "s", [])))
+    arrived = {rid: requests.add(rid) for rid in ("r1", "w1")}
+    assert e.request_added("r1", params()) and e.request_added("w1", params(True))
+    assert requests.get("r1") is arrived["r1"] and requests.get("w1") is arrived["w1"]
+    assert (requests.real, requests.warmups) == (1, 1)
+    assert arrived["r1"].key == KEY and arrived["w1"].warmup and not control.real
+    e.request_scheduled("r1")
+    e.request_scheduled("c")  # not retention's: no count moves
+    assert requests.real_running == 1 and not control.running
+    e.request_finished("r1", [1, 2])
+    e.request_finished("w1", [1, 2])
+    assert requests.get("r1") is None and requests.get("w1") is None
+    assert (requests.real, requests.real_running, requests.warmups) == (0, 0, 0)
+    assert requests.get("c") is control  # the connector takes control messages off
 
 
 def test_end_while_warming_cancels_its_retention() -> None:
