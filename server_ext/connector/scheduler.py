@@ -303,7 +303,8 @@ class ConnectorScheduler:
         record = self._requests.get(request.request_id)
         warmup = record is not None and record.warmup
         self._preemptions[warmup] += request.num_preemptions
-        control = record.params.control if record is not None and record.params else None
+        params = record.params if record is not None else None
+        control = params.control if params is not None else None
         if control is not None:
             retention.control(control)
             return
