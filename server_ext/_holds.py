@@ -8,6 +8,8 @@ policy's ``Hold``/``Release`` actions to one, counting what it took.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
@@ -62,24 +64,33 @@ class HeldBlocks:
     def apply(self, actions: list[Action]) -> None:
         holds = [a.block_ids for a in actions if isinstance(a, Hold)]
         releases = [a for a in actions if isinstance(a, Release)]
+        held = self._held
         if releases:
-            released = Counter(b for a in releases for b in a.block_ids)
-            taken = Counter(b for ids in holds for b in ids)
-            if any(self._held[b] + taken[b] < n for b, n in released.items()):
+            # Counted and compared in C (a retention is hundreds of blocks).
+            released: Counter[int] = Counter()
+            for a in releases:
+                released.update(a.block_ids)
+            taken: Counter[int] = Counter()
+            for ids in holds:
+                taken.update(ids)
+            blocks, zeros = list(released), itertools.repeat(0)
+            have = map(operator.add, map(held.get, blocks, zeros), map(taken.get, blocks, zeros))
+            if any(map(operator.lt, have, released.values())):
                 raise RuntimeError("the policy released a block reference it never held")
         for block_ids in holds:
             self.pool.hold(block_ids)
-            self._held.update(block_ids)
+            held.update(block_ids)
         for release in releases:
             block_ids = release.block_ids
             # An ended branch's blocks go first (those no later request reused:
             # the port knows); any other's keep their place.
             self.pool.release(block_ids, evict_first=release.reason is ReleaseReason.END)
             for b in block_ids:
-                if self._held[b] == 1:
-                    del self._held[b]
+                n = held[b]
+                if n == 1:
+                    del held[b]
                 else:
-                    self._held[b] -= 1
+                    held[b] = n - 1
 
     def release_everything(self) -> None:
         """Give the pool back every reference taken (from this object's own

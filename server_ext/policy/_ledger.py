@@ -57,8 +57,9 @@ class BlockLedger:
     def add(self, tenant: str, blocks: Iterable[int]) -> None:
         """Count one more holder of each of ``blocks`` (distinct ids)."""
         tenant_refs = self._tenant_refs.setdefault(tenant, {})
+        refs = self._refs
         for b in blocks:
-            self._refs[b] = self._refs.get(b, 0) + 1
+            refs[b] = refs.get(b, 0) + 1
             tenant_refs[b] = tenant_refs.get(b, 0) + 1
         self._rank(tenant, tenant_refs)
 
@@ -68,9 +69,20 @@ class BlockLedger:
         tenant_refs = self._tenant_refs[tenant]
         freed: list[int] = []
         tenant_freed: list[int] = []
-        for b in blocks:
-            _decrement(self._refs, b, freed)
-            _decrement(tenant_refs, b, tenant_freed)
+        refs = self._refs
+        for b in blocks:  # hundreds of blocks a call: inline
+            n = refs[b]
+            if n == 1:
+                del refs[b]
+                freed.append(b)
+            else:
+                refs[b] = n - 1
+            n = tenant_refs[b]
+            if n == 1:
+                del tenant_refs[b]
+                tenant_freed.append(b)
+            else:
+                tenant_refs[b] = n - 1
         if not tenant_refs:
             del self._tenant_refs[tenant]
         self._rank(tenant, tenant_refs)
@@ -86,10 +98,10 @@ class BlockLedger:
         """How many of ``blocks`` (distinct ids) would newly count against the
         global and the tenant budget."""
         tenant_refs = self._tenant_refs.get(tenant, {})
-        new = new_tenant = 0
-        for b in blocks:
-            new += b not in self._refs
-            new_tenant += b not in tenant_refs
+        blocks = list(blocks)
+        refs = self._refs
+        new = len(blocks) - sum(map(refs.__contains__, blocks))
+        new_tenant = len(blocks) - sum(map(tenant_refs.__contains__, blocks))
         return new, new_tenant
 
     def fitting_prefix(self, tenant: str, blocks: Sequence[int], cap: int, tenant_cap: int) -> int:
@@ -102,11 +114,3 @@ class BlockLedger:
             if held > cap or tenant_held > tenant_cap:
                 return i
         return len(blocks)
-
-
-def _decrement(refs: dict[int, int], block: int, freed: list[int]) -> None:
-    if refs[block] == 1:
-        del refs[block]
-        freed.append(block)
-    else:
-        refs[block] -= 1
