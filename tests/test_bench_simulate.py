@@ -16,6 +16,7 @@ from benchmarks._sim._cache import DevicePool
 from benchmarks._sim._cluster import CONFIGS, Cluster, RunSpec, run
 from benchmarks._sim._model import MODELS, PRESETS, LinkSpec, Measured, Preset
 from benchmarks._sim._summary import SUMMARY_KEYS
+from benchmarks._sim._tier import offload_key, offload_keys
 from benchmarks._sim._validate import validate
 from benchmarks._sim._workload import Pacing, Template, from_trace
 from benchmarks._traces import parse_trace
@@ -111,6 +112,23 @@ def test_a_request_that_cannot_get_blocks_changes_nothing() -> None:
     assert not pool.acquire([5, 6], anon=0)
     assert pool.free_blocks() == 0
     assert pool.hit([5], limit=1) == 0
+
+
+def test_ended_blocks_go_first_and_a_put_back_block_keeps_its_place() -> None:
+    pool = DevicePool(4)
+    assert pool.acquire([1, 2, 3, 4], anon=0)
+    pool.computed([1, 2, 3, 4])
+    pool.hold([1, 4])
+    pool.release([1, 2, 3, 4], anon=0)  # freed 4, 3, 2, 1
+    pool.release_held([1], evict_first=True)  # an ended branch's block: first
+    pool.release_held([4], evict_first=False)  # back in its place: the oldest
+    assert pool.acquire([5, 6], anon=0)
+    assert pool.hit([2, 3], limit=2) == 2 and pool.hit([1], 1) == 0 and pool.hit([4], 1) == 0
+
+
+def test_the_tiers_keys_are_vllms_offload_keys() -> None:
+    keys = [0, 1, (7 << 40) | 12345, (1 << 63) - 1]
+    assert offload_keys(keys) == [offload_key(k) for k in keys]
 
 
 def test_roofline_kv_geometry_from_the_model_configs() -> None:

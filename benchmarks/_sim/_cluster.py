@@ -23,6 +23,7 @@ import functools
 import hashlib
 import heapq
 import itertools
+import operator
 import random
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -293,17 +294,15 @@ class _Clients:
         B = self.spec.preset.block_tokens
         keys = s.keys.of(step, B)
         limit = (step.prompt_tokens - 1) // B
-        theoretical = 0
-        for key in keys[:limit]:
-            if key in s.seen or key in self.shared_seen:
-                theoretical += 1
-            else:
-                break
+        # The leading blocks seen before, by this session or (the system
+        # prefix) any: counted in C, a prompt is hundreds of blocks.
+        ks = keys[:limit] if limit < len(keys) else keys
+        mine, shared = map(s.seen.__contains__, ks), map(self.shared_seen.__contains__, ks)
+        seen = map(operator.or_, mine, shared)
+        theoretical = next(itertools.compress(itertools.count(), map(operator.not_, seen)), len(ks))
         s.seen.update(keys)
-        for key in keys:  # the system prefix comes first
-            if key >= _SHARED_BELOW:
-                break
-            self.shared_seen.add(key)
+        # The system prefix comes first.
+        self.shared_seen.update(itertools.takewhile(_SHARED_BELOW.__gt__, keys))
         params = None
         if s.hinted:
             hints = AgentHints(
@@ -341,21 +340,14 @@ class _Clients:
         branch's next request would be sent as recorded (never, if that
         request does not have it)."""
         c = self.cluster
-        steps = [x for x in branch.steps if isinstance(x, SimRequest)]
-        i = next(j for j, x in enumerate(steps) if x is step)
-        nxt = steps[i + 1] if i + 1 < len(steps) else None
+        nxt = step.next_in_branch
         use = c.next_use
-        if nxt is None:
-            for k in keys:
-                use.pop(k, None)
-            return
-        at = c.now + max(nxt.nominal_s - step.nominal_s, 0.0)
-        n = len(s.keys.of(nxt, self.spec.preset.block_tokens))
-        for j, k in enumerate(keys):
-            if j < n:
-                use[k] = at
-            else:
-                use.pop(k, None)
+        n = 0 if nxt is None else nxt.prompt_tokens // self.spec.preset.block_tokens
+        if nxt is not None:
+            at = c.now + max(nxt.nominal_s - step.nominal_s, 0.0)
+            use.update(dict.fromkeys(keys[:n], at))
+        for k in keys[n:]:
+            use.pop(k, None)
 
 
 def run(

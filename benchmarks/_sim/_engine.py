@@ -31,7 +31,7 @@ from server_ext._engine import EngineRetention
 
 from ._cache import DevicePool
 from ._model import Preset
-from ._tier import Link, Tier
+from ._tier import Link, Tier, offload_keys
 
 if TYPE_CHECKING:
     from ._cluster import Cluster
@@ -64,6 +64,8 @@ class Request:
     pool_ctx: ReqContext | None = None
     load_keys: list[OffloadKey] = field(default_factory=list)
     pool_keys: list[OffloadKey] = field(default_factory=list)
+    offload_keys: list[OffloadKey] | None = None
+    """``keys`` as the tier names them (made once, when a tier first asks)."""
     load_started: float = 0.0
     blocked_at: int = -1
     """Free blocks when it last could not get its blocks."""
@@ -199,10 +201,10 @@ class Engine:
             more: list[OffloadKey] = []
             pool_more: list[OffloadKey] = []
             if self.tier is not None and r.tier_ctx is not None and hit < limit:
-                more = self.tier.hits(keys[hit:limit], r.tier_ctx)
+                more = self.tier.hits(_offload_keys(r)[hit:limit], r.tier_ctx)
             cpool = self.cluster.pool
             if cpool is not None and r.pool_ctx is not None and hit + len(more) < limit:
-                pool_more = cpool.hits(keys[hit + len(more) : limit], r.pool_ctx)
+                pool_more = cpool.hits(_offload_keys(r)[hit + len(more) : limit], r.pool_ctx)
             r.admitted = True
             r.cached = (hit + len(more) + len(pool_more)) * B
             r.computed = r.cached
@@ -338,10 +340,11 @@ class Engine:
     def _prefilled(self, r: Request) -> None:
         """The prompt is computed: its new blocks are cached, and copied to
         the tier and the pool beside the compute."""
-        new = r.keys[r.first_computed :]
-        self.pool.computed(new)
-        if not new:
+        new_keys = r.keys[r.first_computed :]
+        self.pool.computed(new_keys)
+        if not new_keys or (r.tier_ctx is None and r.pool_ctx is None):
             return
+        new = _offload_keys(r)[r.first_computed :]
         now = self.cluster.now
         nbytes = self.preset.kv_block_bytes
         if self.tier is not None and r.tier_ctx is not None:
@@ -370,3 +373,9 @@ class Engine:
         if self.cluster.pool is not None and r.pool_ctx is not None:
             self.cluster.pool.finished(r.pool_ctx)
         r.on_done(self.cluster.now)
+
+
+def _offload_keys(r: Request) -> list[OffloadKey]:
+    if r.offload_keys is None:
+        r.offload_keys = offload_keys(r.keys)
+    return r.offload_keys

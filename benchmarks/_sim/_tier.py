@@ -17,6 +17,7 @@ policy as vLLM's offloading sees one: a request with no blocks.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
@@ -25,11 +26,17 @@ from server_ext.offload import AgentHintsCachePolicy
 
 from ._model import LinkSpec
 
-__all__ = ["Link", "Tier", "offload_key"]
+__all__ = ["Link", "Tier", "offload_key", "offload_keys"]
 
 
 def offload_key(key: int) -> OffloadKey:
     return make_offload_key(key.to_bytes(8, "big"), 0)
+
+
+def offload_keys(keys: Sequence[int]) -> list[OffloadKey]:
+    """``offload_key`` of each key, at once: the key's 8 bytes and group 0's
+    4 zero bytes are the 12 bytes of ``key << 32``."""
+    return cast(list[OffloadKey], [(k << 32).to_bytes(12, "big") for k in keys])
 
 
 class Link:
@@ -75,16 +82,15 @@ class Tier:
     def begin(self, ctx: ReqContext) -> None:
         self.manager.on_new_request(ctx)
 
-    def hits(self, keys: Sequence[int], ctx: ReqContext) -> list[OffloadKey]:
+    def hits(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> list[OffloadKey]:
         """The leading ``keys`` ready in the tier."""
-        found: list[OffloadKey] = []
-        lookup = self.manager.lookup
+        lookup, hit = self.manager.lookup, LookupResult.HIT
+        n = 0
         for key in keys:
-            k = offload_key(key)
-            if lookup(k, ctx) is not LookupResult.HIT:
+            if lookup(key, ctx) is not hit:
                 break
-            found.append(k)
-        return found
+            n += 1
+        return list(keys[:n])
 
     def load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         self.manager.prepare_load(keys, ctx)
@@ -93,10 +99,10 @@ class Tier:
     def loaded(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         self.manager.complete_load(keys, ctx)
 
-    def store(self, keys: Sequence[int], ctx: ReqContext) -> list[OffloadKey]:
+    def store(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> list[OffloadKey]:
         """Offer ``keys`` (computed by the request); those the tier takes
         (a copy to make), none when it has no room."""
-        out = self.manager.prepare_store([offload_key(k) for k in keys], ctx)
+        out = self.manager.prepare_store(keys, ctx)
         if out is None:
             return []
         self.stores += len(out.keys_to_store)

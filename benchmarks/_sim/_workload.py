@@ -106,6 +106,8 @@ class SimRequest:
     chain: _Chain | tuple[int, ...]
     nominal_s: float = 0.0
     """When it would be sent if every response were instant (Belady's clock)."""
+    next_in_branch: SimRequest | None = None
+    """The branch's next request (None: the last)."""
 
 
 @dataclass(slots=True)
@@ -172,7 +174,7 @@ class Keys:
             shared = min(chain.system_blocks, n)
             system = (chain.model << _CHAIN_SHIFT) + 1
             own = self._base + (chain.chain << _CHAIN_SHIFT)
-            return [system + i for i in range(shared)] + [own + i for i in range(shared, n)]
+            return [*range(system, system + shared), *range(own + shared, own + n)]
         per = self._hashes_per_block
         keys: list[int] = []
         parent = -1
@@ -271,13 +273,17 @@ def from_session(session: Session, pacing: Pacing, model_index: int) -> Template
 
 
 def _set_nominal(branch: SimBranch, start: float) -> float:
-    """Each request's send time were every response instant; returns when
-    the branch is done."""
+    """Each request's send time were every response instant, and its
+    branch's next request; returns when the branch is done."""
     t = start
+    previous: SimRequest | None = None
     for step in branch.steps:
         if isinstance(step, SimFork):
             t = max((_set_nominal(b, t) for b in step.branches), default=t)
         else:
             t += step.wait_s
             step.nominal_s = t
+            if previous is not None:
+                previous.next_in_branch = step
+            previous = step
     return t
