@@ -17,7 +17,7 @@ from benchmarks._sim._cluster import CONFIGS, Cluster, RunSpec, run
 from benchmarks._sim._model import MODELS, PRESETS, LinkSpec, Measured, Preset
 from benchmarks._sim._summary import SUMMARY_KEYS
 from benchmarks._sim._tier import offload_key, offload_keys
-from benchmarks._sim._validate import validate
+from benchmarks._sim._validate import logged_token_s, validate
 from benchmarks._sim._workload import Pacing, Template, from_trace
 from benchmarks._traces import parse_trace
 from server_ext.offload import AgentHintsCachePolicy
@@ -129,6 +129,20 @@ def test_ended_blocks_go_first_and_a_put_back_block_keeps_its_place() -> None:
 def test_the_tiers_keys_are_vllms_offload_keys() -> None:
     keys = [0, 1, (7 << 40) | 12345, (1 << 63) - 1]
     assert offload_keys(keys) == [offload_key(k) for k in keys]
+
+
+def test_the_logs_step_cost_counts_only_intervals_saturated_throughout(tmp_path: Path) -> None:
+    line = (
+        "Avg prompt throughput: {} tokens/s, Avg generation throughput: 1.0 tokens/s, "
+        "Running: 3 reqs, Waiting: {} reqs, CPU KV cache usage: 50.0%, "
+        "Prefix cache hit rate: {}%, External prefix cache hit rate: 0.0%"
+    )
+    log = tmp_path / "vllm.log"
+    rows = [(500, 4, 0), (2000, 3, 0), (1000, 0, 0), (9000, 2, 0), (1000, 5, 0), (4000, 5, 10)]
+    log.write_text("\n".join(line.format(*r) for r in rows))
+    # The first interval held the idle start; the fourth began with nothing
+    # waiting; the last counts cache hits: 2000 and 1000 tokens/s remain.
+    assert logged_token_s([log]) == pytest.approx(1 / 1500)
 
 
 def test_roofline_kv_geometry_from_the_model_configs() -> None:

@@ -70,11 +70,15 @@ _THROUGHPUT = re.compile(
 
 def logged_token_s(logs: Sequence[Path]) -> float | None:
     """Seconds per prefilled token from the run's vLLM logs: the median
-    prompt throughput over the intervals in which requests waited (the
-    engine saturated) before any prefix-cache hit (vLLM's prompt throughput
-    counts cached tokens too)."""
+    prompt throughput over the intervals the engine was saturated through
+    (requests waited at the interval's start and at its end: the line before
+    and its own line show some), before any prefix-cache hit (vLLM's prompt
+    throughput counts cached tokens too). A log's first interval never
+    counts: it holds the idle server before the first request, and the
+    throughput over it is the engine's speed times the share it was busy."""
     rates = []
     for log in logs:
+        busy = False  # requests waited at the interval's start
         for line in log.read_text(errors="replace").splitlines():
             m = _THROUGHPUT.search(line)
             if m is None:
@@ -82,8 +86,9 @@ def logged_token_s(logs: Sequence[Path]) -> float | None:
             rate, waiting, local, external = (float(g) for g in m.groups())
             if local > 0 or external > 0:
                 break  # from here on the throughput counts hits
-            if waiting > 0 and rate > 0:
+            if busy and waiting > 0 and rate > 0:
                 rates.append(rate)
+            busy = waiting > 0
     return 1.0 / statistics.median(rates) if rates else None
 
 
